@@ -1,0 +1,145 @@
+"""Integration harness: real RabbitMQ brokers for the tests.
+
+Fixtures
+--------
+``broker`` (session)
+    A :class:`Broker` for the shared RabbitMQ: ``$RABBITMQ_URL`` when set,
+    else the local node on 127.0.0.1:5672, else a RabbitMQ container
+    (testcontainers) when a Docker engine answers, else a throwaway node.
+    Ready only once it answers an AMQP handshake.  Never stopped or
+    reconfigured by a test.
+``throwaway_broker`` (function)
+    A private node (own node name, ports, data dir, config; see
+    :class:`rabbitflow_broker.rabbitmq_node.RabbitMQNode`) for tests that
+    stop, restart or alarm a broker.  Management plugin enabled.
+``unique_name`` (function)
+    A factory of unique queue/exchange names; ``cleanup_queues`` deletes
+    the queues a test registered on the shared broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pika
+import pytest
+
+from rabbitflow_broker.rabbitmq_node import (
+    NodeError,
+    RabbitMQNode,
+    amqp_handshake_ok,
+    host_port,
+    rabbitmq_available,
+)
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+@dataclass(frozen=True)
+class Broker:
+    """Where a test's RabbitMQ is: AMQP URL, management URL, and the node when we own it."""
+
+    url: str
+    management_url: str | None
+    node: RabbitMQNode | None = None
+
+    @property
+    def host(self) -> str:
+        return host_port(self.url)[0]
+
+    @property
+    def port(self) -> int:
+        return host_port(self.url)[1]
+
+    def blocking_connection(self) -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.URLParameters(self.url))
+
+
+def _docker_engine_answers() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[Broker]:
+    url = os.environ.get("RABBITMQ_URL")
+    if url:
+        host, port = host_port(url)
+        if not amqp_handshake_ok(host, port, timeout=5):
+            pytest.fail(f"RABBITMQ_URL={url} does not answer an AMQP handshake")
+        yield Broker(url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
+        return
+    if amqp_handshake_ok("127.0.0.1", 5672, timeout=5):
+        yield Broker(DEFAULT_URL, "http://127.0.0.1:15672")
+        return
+    if _docker_engine_answers():
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+        with RabbitMqContainer("rabbitmq:3.13-management") as container:
+            params = container.get_connection_params()
+            url = f"amqp://guest:guest@{params.host}:{params.port}/%2F"
+            mgmt_port = container.get_exposed_port(15672)
+            yield Broker(url, f"http://{params.host}:{mgmt_port}")
+        return
+    if rabbitmq_available():
+        with RabbitMQNode(management=True) as node:
+            yield Broker(node.url, node.management_url, node)
+        return
+    pytest.fail("no RabbitMQ reachable and rabbitmq-server is not installed (run scripts/bootstrap)")
+
+
+@pytest.fixture
+def throwaway_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    if not rabbitmq_available():
+        pytest.fail("rabbitmq-server is not installed: apt-get install rabbitmq-server")
+    base = tmp_path_factory.mktemp("node")
+    node = RabbitMQNode(management=True, base_dir=base)
+    try:
+        node.start()
+    except NodeError as exc:
+        node.close()
+        pytest.fail(f"throwaway RabbitMQ node failed to start: {exc}")
+    try:
+        yield Broker(node.url, node.management_url, node)
+    finally:
+        node.close()
+
+
+@pytest.fixture
+def unique_name(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    test = request.node.name.replace("[", "-").replace("]", "")[:40]
+
+    def make(prefix: str = "q") -> str:
+        return f"rf-{prefix}-{test}-{uuid.uuid4().hex[:8]}"
+
+    return make
+
+
+@pytest.fixture
+def cleanup_queues(broker: Broker) -> Iterator[list[str]]:
+    """Append queue names to the yielded list; they are deleted after the test."""
+    names: list[str] = []
+    yield names
+    if not names:
+        return
+    with contextlib.suppress(Exception):
+        connection = broker.blocking_connection()
+        try:
+            for name in names:
+                channel = connection.channel()
+                with contextlib.suppress(Exception):
+                    channel.queue_delete(name)
+                with contextlib.suppress(Exception):
+                    channel.close()
+        finally:
+            connection.close()
