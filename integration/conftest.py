@@ -95,7 +95,9 @@ def broker() -> Iterator[Broker]:
         with RabbitMQNode(management=True) as node:
             yield Broker(node.url, node.management_url, node)
         return
-    pytest.fail("no RabbitMQ reachable and rabbitmq-server is not installed (run scripts/bootstrap)")
+    pytest.fail(
+        "no RabbitMQ reachable and rabbitmq-server is not installed (run scripts/bootstrap)"
+    )
 
 
 @pytest.fixture

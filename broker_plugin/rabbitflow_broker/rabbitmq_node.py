@@ -179,8 +179,7 @@ class RabbitMQNode:
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise NodeError(
-                    f"node {self.name} exited with {self._process.returncode}: "
-                    f"{self._tail_log()}"
+                    f"node {self.name} exited with {self._process.returncode}: {self._tail_log()}"
                 )
             if amqp_handshake_ok("127.0.0.1", self.amqp_port, timeout=1.0):
                 if self.management_port is not None:
@@ -263,7 +262,9 @@ class RabbitMQNode:
         self.close()
 
     def __repr__(self) -> str:
-        return f"RabbitMQNode(name={self.name!r}, amqp_port={self.amqp_port}, running={self.running})"
+        return (
+            f"RabbitMQNode(name={self.name!r}, amqp_port={self.amqp_port}, running={self.running})"
+        )
 
     # -- internals --------------------------------------------------------
     def _write_files(self) -> None:
