@@ -1,0 +1,107 @@
+"""Shared helpers for the benchmarks in ``bench/``.
+
+Every benchmark measures rabbitflow against a baseline run side by side in
+the same process and prints ratios; absolute figures depend on the machine.
+
+API:
+
+``payload(size) -> bytes``
+    A deterministic body of ``size`` bytes.
+``scratch_queue(url, prefix, *, arguments=None) -> ContextManager[str]``
+    Declares a fresh durable queue with a unique name, yields the name and
+    deletes the queue afterwards (even when the body raised).
+``queue_depth(url, name) -> int``
+    Ready messages in a queue (passive declare).
+``Timing``
+    One measured run: ``label``, ``size``, ``messages``, ``seconds`` and
+    ``rate`` (messages per second).
+``print_table(timings)``
+    A fixed-width table of timings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+
+__all__ = ["DEFAULT_URL", "Timing", "payload", "print_table", "queue_depth", "scratch_queue"]
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+
+def payload(size: int) -> bytes:
+    """Return a deterministic body of ``size`` bytes.
+
+    Raises:
+        ValueError: ``size`` is negative.
+    """
+    if size < 0:
+        raise ValueError(f"payload size must be >= 0, got {size}")
+    pattern = b"rabbitflow-bench-"
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+@contextmanager
+def scratch_queue(
+    url: str, prefix: str, *, arguments: Mapping[str, Any] | None = None
+) -> Iterator[str]:
+    """Declare a fresh durable queue, yield its name, delete it afterwards.
+
+    Raises:
+        pika.exceptions.AMQPError: the broker refused the declare.
+    """
+    name = f"rf-bench-{prefix}-{uuid.uuid4().hex[:8]}"
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        connection.channel().queue_declare(name, durable=True, arguments=dict(arguments or {}))
+    finally:
+        connection.close()
+    try:
+        yield name
+    finally:
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            connection.channel().queue_delete(name)
+        finally:
+            connection.close()
+
+
+def queue_depth(url: str, name: str) -> int:
+    """Return the number of ready messages in queue ``name``.
+
+    Raises:
+        pika.exceptions.ChannelClosedByBroker: the queue does not exist.
+    """
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        frame = connection.channel().queue_declare(name, passive=True)
+        return int(frame.method.message_count)
+    finally:
+        connection.close()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measured run of ``messages`` messages of ``size`` bytes."""
+
+    label: str
+    size: int
+    messages: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Messages per second (infinite when nothing measurable elapsed)."""
+        return self.messages / self.seconds if self.seconds > 0 else float("inf")
+
+
+def print_table(timings: Iterable[Timing]) -> None:
+    """Print one line per timing: label, size, messages, seconds, msgs/s."""
+    print(f"{'run':<40} {'size':>6} {'messages':>9} {'seconds':>9} {'msgs/s':>10}")
+    for t in timings:
+        print(f"{t.label:<40} {t.size:>6} {t.messages:>9} {t.seconds:>9.2f} {t.rate:>10.0f}")
