@@ -1,0 +1,678 @@
+"""DataFrame → DataFrame transforms of the flow-control analysis.
+
+No I/O here: the job entry (:mod:`rabbitflow_pipeline.cli`) reads lines and
+writes tables; everything in between is a function of DataFrames with
+explicit schemas, so it is unit-tested on hand-written logs.
+
+Pairing rules (documented in docs/pipeline.md):
+
+* a queue episode runs from a QUE-1003 to the *next* QUE-1004 of the same
+  (vhost, queue), in timestamp order; a QUE-1003 that follows another
+  QUE-1003 with no QUE-1004 between (a gateway restart re-announcing the
+  state) does not open a second episode, and a QUE-1004 with no open
+  episode is ignored;
+* a channel block runs from CHN-1005 to the next CHN-1006 or CHN-1012 of
+  the same (source, connection, channel);
+* a store episode runs from MST-1008 to the next MST-1009 of the same vhost;
+* an episode with no closing event is ``open``: ``end`` and ``duration_s``
+  are null.
+
+Ties in timestamp are broken by ``seq`` (position in the input; the reader
+assigns it), so two events of one file logged in the same millisecond keep
+their file order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from rabbitflow_pipeline.schemas import (
+    ALL_QUEUES,
+    CLIENT_FLOW_EVENTS,
+    CLIENT_RECORD_SCHEMA,
+    CORRUPT_COLUMN,
+    EVENT_CODES,
+    EVENT_RECORD_SCHEMA,
+    required_fields,
+)
+
+__all__ = [
+    "DEFAULT_HISTOGRAM_EDGES_S",
+    "advice",
+    "channel_blocks",
+    "client_flow_records",
+    "duration_histogram",
+    "episode_timeline",
+    "malformed_summary",
+    "observed_window",
+    "parse_client_lines",
+    "parse_event_lines",
+    "queue_episodes",
+    "queue_summary",
+    "send_delays",
+    "store_episodes",
+    "valid_events",
+]
+
+#: Bucket edges (seconds) of the delay histogram; the last bucket is open.
+DEFAULT_HISTOGRAM_EDGES_S: tuple[float, ...] = (0, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+#: Columns of a parsed event kept for the analysis (subject/message are
+#: derived text and would only cost memory in the cache).
+_ANALYSIS_COLUMNS: tuple[str, ...] = tuple(
+    name for name in EVENT_RECORD_SCHEMA.fieldNames() if name not in ("subject", "message")
+)
+
+_QUEUE_OPEN = "QUE-1003"
+_QUEUE_CLOSE = "QUE-1004"
+_CHANNEL_OPEN = "CHN-1005"
+_CHANNEL_CLOSE = ("CHN-1006", "CHN-1012")
+_STORE_OPEN = "MST-1008"
+_STORE_CLOSE = "MST-1009"
+
+
+def _seconds_between(start: Column, end: Column) -> Column:
+    return (F.unix_micros(end) - F.unix_micros(start)) / F.lit(1_000_000.0)
+
+
+def _with_corrupt_column(schema: T.StructType) -> T.StructType:
+    # StructType.add mutates in place: build a copy so the shared schemas stay intact.
+    return T.StructType([*schema.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
+
+
+def parse_event_lines(lines: DataFrame) -> DataFrame:
+    """Parse gateway event-log lines (``value``, ``source``) into typed events.
+
+    Every non-blank line yields one row with the analysis columns of
+    :data:`EVENT_RECORD_SCHEMA`, ``source``, ``seq`` (input position, for
+    tie-breaking) and ``malformed_reason``: null for a good event, else one
+    of ``bad_json`` (not a JSON object), ``bad_field`` (a field of the wrong
+    type, e.g. an unparseable ``ts``), ``missing_ts``, ``missing_code``,
+    ``unknown_code``, ``missing_field`` (a field its code requires).
+    Blank lines are skipped.
+    """
+    schema = _with_corrupt_column(EVENT_RECORD_SCHEMA)
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    parsed = (
+        lines.where(F.length(F.trim(F.col("value"))) > 0)
+        .select(
+            F.from_json("value", schema, options).alias("r"),
+            "source",
+            F.monotonically_increasing_id().alias("seq"),
+        )
+        .select("r.*", "source", "seq")
+    )
+    missing_required = F.lit(False)
+    for code, names in required_fields().items():
+        lacks = F.lit(False)
+        for name in names:
+            lacks = lacks | F.col(name).isNull()
+        missing_required = missing_required | ((F.col("code") == code) & lacks)
+    reason = (
+        F.when(
+            F.col(CORRUPT_COLUMN).isNotNull() & F.col("ts").isNull() & F.col("code").isNull(),
+            "bad_json",
+        )
+        .when(F.col(CORRUPT_COLUMN).isNotNull(), "bad_field")
+        .when(F.col("ts").isNull(), "missing_ts")
+        .when(F.col("code").isNull(), "missing_code")
+        .when(~F.col("code").isin(*EVENT_CODES), "unknown_code")
+        .when(missing_required, "missing_field")
+    )
+    return parsed.select(*_ANALYSIS_COLUMNS, "source", "seq", reason.alias("malformed_reason"))
+
+
+def valid_events(parsed: DataFrame) -> DataFrame:
+    """The well-formed events of :func:`parse_event_lines` (reason column dropped)."""
+    return parsed.where(F.col("malformed_reason").isNull()).drop("malformed_reason")
+
+
+def parse_client_lines(lines: DataFrame) -> DataFrame:
+    """Parse client-log lines (``value``, ``source``) into client flow records.
+
+    Returns the columns of :data:`CLIENT_RECORD_SCHEMA`, ``source`` and
+    ``malformed_reason``: null for a flow record, ``ignored`` for a good
+    JSON line that is not a flow record (another logger or event), else
+    ``bad_json``, ``bad_field``, ``unknown_flow_event``, ``missing_timestamp``
+    or ``missing_waited_ms`` (a delay/timeout record without its wait).
+    """
+    schema = _with_corrupt_column(CLIENT_RECORD_SCHEMA)
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    parsed = (
+        lines.where(F.length(F.trim(F.col("value"))) > 0)
+        .select(F.from_json("value", schema, options).alias("r"), "source")
+        .select("r.*", "source")
+    )
+    all_null = F.lit(True)
+    for name in CLIENT_RECORD_SCHEMA.fieldNames():
+        all_null = all_null & F.col(name).isNull()
+    waits = F.col("flow_event").isin("send_delayed", "send_failed")
+    reason = (
+        F.when(F.col(CORRUPT_COLUMN).isNotNull() & all_null, "bad_json")
+        .when(F.col(CORRUPT_COLUMN).isNotNull(), "bad_field")
+        .when(F.col("flow_event").isNull(), "ignored")
+        .when(~F.col("flow_event").isin(*CLIENT_FLOW_EVENTS), "unknown_flow_event")
+        .when(F.col("timestamp").isNull(), "missing_timestamp")
+        .when(waits & F.col("waited_ms").isNull(), "missing_waited_ms")
+    )
+    return parsed.select(
+        *CLIENT_RECORD_SCHEMA.fieldNames(), "source", reason.alias("malformed_reason")
+    )
+
+
+def client_flow_records(parsed: DataFrame) -> DataFrame:
+    """The good flow records of :func:`parse_client_lines` (reason dropped)."""
+    return parsed.where(F.col("malformed_reason").isNull()).drop("malformed_reason")
+
+
+def malformed_summary(parsed_events: DataFrame, parsed_client: DataFrame | None = None) -> DataFrame:
+    """Count malformed lines per (log, source, reason).
+
+    ``log`` is ``gateway`` or ``client``; client lines that are merely not
+    flow records (``ignored``) are not malformed and not counted.
+    """
+    gateway = parsed_events.where(F.col("malformed_reason").isNotNull()).select(
+        F.lit("gateway").alias("log"), "source", F.col("malformed_reason").alias("reason")
+    )
+    frames = gateway
+    if parsed_client is not None:
+        client = parsed_client.where(
+            F.col("malformed_reason").isNotNull() & (F.col("malformed_reason") != "ignored")
+        ).select(F.lit("client").alias("log"), "source", F.col("malformed_reason").alias("reason"))
+        frames = frames.unionByName(client)
+    return frames.groupBy("log", "source", "reason").agg(F.count(F.lit(1)).alias("count"))
+
+
+def _pair(
+    events: DataFrame,
+    *,
+    keys: Sequence[str],
+    open_codes: Sequence[str],
+    close_codes: Sequence[str],
+    start_cols: Mapping[str, Column],
+    end_cols: Mapping[str, Column],
+) -> DataFrame:
+    """Pair each opening event with the next closing event per key.
+
+    An opening event directly after another opening event (no close
+    between) is a repeat and opens nothing; a closing event with nothing
+    open is ignored.  Both passes use one window spec, so Spark shuffles
+    and sorts once.
+    """
+    window = Window.partitionBy(*keys).orderBy("ts", "seq")
+    is_open = F.col("code").isin(*open_codes)
+    marked = (
+        events.where(F.col("code").isin(*open_codes, *close_codes))
+        .withColumn("_is_open", is_open)
+        .withColumn("_prev_open", F.coalesce(F.lag("_is_open").over(window), F.lit(False)))
+    )
+    boundaries = marked.where(F.col("_is_open") != F.col("_prev_open"))
+    end_exprs = {"_end_ts": F.col("ts"), **end_cols}
+    with_end = boundaries.select(
+        "*",
+        *(F.lead(expr).over(window).alias(name) for name, expr in end_exprs.items()),
+    )
+    return with_end.where(F.col("_is_open")).select(
+        *keys,
+        F.col("ts").alias("start"),
+        F.col("_end_ts").alias("end"),
+        _seconds_between(F.col("ts"), F.col("_end_ts")).alias("duration_s"),
+        F.col("_end_ts").isNull().alias("open"),
+        *(expr.alias(name) for name, expr in start_cols.items()),
+        *(F.col(name) for name in end_cols),
+    )
+
+
+def queue_episodes(events: DataFrame) -> DataFrame:
+    """Flow episodes per (vhost, queue): QUE-1003 to the next QUE-1004.
+
+    Columns of :data:`rabbitflow_pipeline.schemas.EPISODES_SCHEMA`.
+    """
+    paired = _pair(
+        events,
+        keys=("vhost", "queue"),
+        open_codes=(_QUEUE_OPEN,),
+        close_codes=(_QUEUE_CLOSE,),
+        start_cols={
+            "start_messages": F.col("messages"),
+            "start_size": F.col("size"),
+            "stop_count": F.col("message_capacity"),
+            "stop_size": F.col("capacity"),
+        },
+        end_cols={
+            "end_messages": F.col("messages"),
+            "end_size": F.col("size"),
+            "resume_count": F.col("message_capacity"),
+            "resume_size": F.col("resume_capacity"),
+        },
+    )
+    return paired
+
+
+def channel_blocks(events: DataFrame) -> DataFrame:
+    """Channel blocks: CHN-1005 to the next CHN-1006/CHN-1012 per (source, connection, channel).
+
+    ``queue`` is the queue named by CHN-1005 (``** All Queues **`` for a
+    store or administrator block); ``closed_by`` is the closing code.
+    Columns of :data:`rabbitflow_pipeline.schemas.CHANNEL_BLOCKS_SCHEMA`.
+    """
+    paired = _pair(
+        events,
+        keys=("source", "connection", "channel"),
+        open_codes=(_CHANNEL_OPEN,),
+        close_codes=_CHANNEL_CLOSE,
+        start_cols={
+            "queue": F.col("queue"),
+            "vhost": F.col("vhost"),
+            "user": F.col("user"),
+            "remote": F.concat_ws(":", F.col("remote_host"), F.col("remote_port").cast("string")),
+        },
+        end_cols={"closed_by": F.col("code")},
+    )
+    return paired.select(
+        "connection",
+        "channel",
+        "queue",
+        "start",
+        "end",
+        "duration_s",
+        "open",
+        "closed_by",
+        "vhost",
+        "user",
+        "remote",
+        "source",
+    )
+
+
+def store_episodes(events: DataFrame) -> DataFrame:
+    """Store episodes per vhost: MST-1008 to the next MST-1009.
+
+    Columns of :data:`rabbitflow_pipeline.schemas.STORE_EPISODES_SCHEMA`.
+    """
+    return _pair(
+        events,
+        keys=("vhost",),
+        open_codes=(_STORE_OPEN,),
+        close_codes=(_STORE_CLOSE,),
+        start_cols={
+            "store": F.col("store"),
+            "start_size": F.col("size"),
+            "overfull_size": F.col("overfull_size"),
+            "underfull_size": F.col("underfull_size"),
+        },
+        end_cols={"end_size": F.col("size")},
+    )
+
+
+def observed_window(events: DataFrame) -> DataFrame:
+    """One row: ``window_start``, ``window_end``, ``window_s`` of all events."""
+    return events.agg(
+        F.min("ts").alias("window_start"), F.max("ts").alias("window_end")
+    ).withColumn("window_s", _seconds_between(F.col("window_start"), F.col("window_end")))
+
+
+def queue_summary(episodes: DataFrame, blocks: DataFrame, window: DataFrame) -> DataFrame:
+    """Per (vhost, queue): flow stops, time overfull, episode durations, channels blocked.
+
+    ``flow_stopped_count`` counts episodes (the gateway's flowStoppedCount
+    over the log); ``time_overfull_s`` adds an open episode's time up to
+    the end of the observed window; ``pct_time_overfull`` is relative to
+    that window.  Duration percentiles are exact, over closed episodes.
+    ``channels_blocked`` counts distinct (source, connection, channel)
+    blocked on the queue; store/admin blocks (``** All Queues **``) are not
+    attributed to a queue.
+    """
+    w = F.broadcast(window)
+    effective = episodes.crossJoin(w).select(
+        "*",
+        F.coalesce(
+            F.col("duration_s"), _seconds_between(F.col("start"), F.col("window_end"))
+        ).alias("_overfull_s"),
+    )
+    per_queue = effective.groupBy("vhost", "queue").agg(
+        F.count(F.lit(1)).alias("flow_stopped_count"),
+        F.sum("_overfull_s").alias("time_overfull_s"),
+        F.sum(F.col("open").cast("long")).alias("open_episodes"),
+        F.percentile("duration_s", F.lit(0.5)).alias("duration_p50_s"),
+        F.percentile("duration_s", F.lit(0.95)).alias("duration_p95_s"),
+        F.max("duration_s").alias("duration_max_s"),
+    )
+    per_channel = (
+        blocks.where(F.col("queue") != ALL_QUEUES)
+        .groupBy("vhost", "queue")
+        .agg(
+            F.count_distinct("source", "connection", "channel").alias("channels_blocked"),
+            F.count(F.lit(1)).alias("channel_blocks"),
+        )
+    )
+    joined = per_queue.join(per_channel, ["vhost", "queue"], "full_outer").crossJoin(w)
+    time_overfull = F.coalesce(F.col("time_overfull_s"), F.lit(0.0))
+    return joined.select(
+        "vhost",
+        "queue",
+        F.coalesce(F.col("flow_stopped_count"), F.lit(0)).alias("flow_stopped_count"),
+        time_overfull.alias("time_overfull_s"),
+        F.when(F.col("window_s") > 0, time_overfull * 100.0 / F.col("window_s")).alias(
+            "pct_time_overfull"
+        ),
+        F.coalesce(F.col("open_episodes"), F.lit(0)).alias("open_episodes"),
+        "duration_p50_s",
+        "duration_p95_s",
+        "duration_max_s",
+        F.coalesce(F.col("channels_blocked"), F.lit(0)).alias("channels_blocked"),
+        F.coalesce(F.col("channel_blocks"), F.lit(0)).alias("channel_blocks"),
+    )
+
+
+def send_delays(client: DataFrame) -> DataFrame:
+    """Per (producer, destination): longest delay, delayed notices, timeouts, capacity.
+
+    ``longest_delay_ms`` is the largest ``waited_ms`` of a delay notice or
+    timeout; ``delayed_notices`` counts "send delayed" warnings;
+    ``timeouts`` counts "send failed" errors; ``capacity`` is the largest
+    producer capacity the records carried (null when none did).
+    """
+    waits = F.col("flow_event").isin("send_delayed", "send_failed")
+    return client.groupBy("producer", "destination").agg(
+        F.max(F.when(waits, F.col("waited_ms"))).alias("longest_delay_ms"),
+        F.sum((F.col("flow_event") == "send_delayed").cast("long")).alias("delayed_notices"),
+        F.sum((F.col("flow_event") == "send_failed").cast("long")).alias("timeouts"),
+        F.sum((F.col("flow_event") == "flow_enforced").cast("long")).alias("flow_enforced"),
+        F.max("capacity").alias("capacity"),
+        F.min("timestamp").alias("first_seen"),
+        F.max("timestamp").alias("last_seen"),
+    )
+
+
+def duration_histogram(
+    durations: DataFrame, column: str, edges: Sequence[float] = DEFAULT_HISTOGRAM_EDGES_S
+) -> DataFrame:
+    """Count non-null ``column`` values (seconds) per bucket ``[lower, upper)``.
+
+    Returns ``bucket``, ``lower_s``, ``upper_s`` (null for the last, open
+    bucket) and ``count``, one row per bucket including empty ones.
+
+    Raises:
+        ValueError: fewer than one edge, or edges not increasing.
+    """
+    if not edges or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise ValueError(f"histogram edges must be increasing, got {list(edges)!r}")
+    value = F.col(column)
+    bucket: Column = F.lit(None).cast("int")
+    for index in range(len(edges)):
+        bucket = F.when(value >= F.lit(float(edges[index])), F.lit(index)).otherwise(bucket)
+    counts = (
+        durations.where(value.isNotNull() & (value >= F.lit(float(edges[0]))))
+        .select(bucket.alias("bucket"))
+        .groupBy("bucket")
+        .agg(F.count(F.lit(1)).alias("count"))
+    )
+    spark = durations.sparkSession
+    buckets = spark.createDataFrame(
+        [
+            (i, float(lo), float(edges[i + 1]) if i + 1 < len(edges) else None)
+            for i, lo in enumerate(edges)
+        ],
+        "bucket int, lower_s double, upper_s double",
+    )
+    return (
+        buckets.join(F.broadcast(counts), "bucket", "left")
+        .select("bucket", "lower_s", "upper_s", F.coalesce(F.col("count"), F.lit(0)).alias("count"))
+    )
+
+
+def episode_timeline(
+    episodes: DataFrame, window: DataFrame, queues: DataFrame, buckets: int = 200
+) -> DataFrame:
+    """Seconds overfull per time bucket for the selected queues (the report's timeline).
+
+    ``queues`` holds the (vhost, queue) pairs to draw.  The observed window
+    is cut into ``buckets`` equal slices; an open episode lasts to the end
+    of the window.  Returns ``vhost``, ``queue``, ``bucket``, ``overfull_s``
+    (only slices with overfull time) and ``bucket_s``.
+
+    Raises:
+        ValueError: ``buckets`` is not positive.
+    """
+    if buckets <= 0:
+        raise ValueError(f"buckets must be positive, got {buckets}")
+    w = F.broadcast(
+        window.select(
+            F.unix_micros("window_start").alias("_ws"),
+            F.unix_micros("window_end").alias("_we"),
+            F.greatest(
+                F.ceil((F.unix_micros("window_end") - F.unix_micros("window_start")) / buckets),
+                F.lit(1),
+            ).alias("_bw"),
+        )
+    )
+    selected = episodes.join(F.broadcast(queues.select("vhost", "queue")), ["vhost", "queue"])
+    spans = selected.crossJoin(w).select(
+        "vhost",
+        "queue",
+        "_ws",
+        "_bw",
+        F.unix_micros("start").alias("_s"),
+        F.coalesce(F.unix_micros("end"), F.col("_we")).alias("_e"),
+    )
+    last = F.lit(buckets - 1)
+    exploded = spans.select(
+        "*",
+        F.explode(
+            F.sequence(
+                F.least(F.floor((F.col("_s") - F.col("_ws")) / F.col("_bw")), last),
+                F.least(F.floor((F.col("_e") - F.col("_ws")) / F.col("_bw")), last),
+            )
+        ).alias("bucket"),
+    )
+    lo = F.col("_ws") + F.col("bucket") * F.col("_bw")
+    hi = F.when(F.col("bucket") == last, F.greatest(F.col("_e"), lo + F.col("_bw"))).otherwise(
+        lo + F.col("_bw")
+    )
+    overlap = F.greatest(F.least(F.col("_e"), hi) - F.greatest(F.col("_s"), lo), F.lit(0))
+    return (
+        exploded.select("vhost", "queue", F.col("bucket").cast("int").alias("bucket"), overlap.alias("_o"), "_bw")
+        .groupBy("vhost", "queue", "bucket")
+        .agg((F.sum("_o") / 1_000_000.0).alias("overfull_s"), F.first("_bw").alias("_bw"))
+        .select("vhost", "queue", "bucket", "overfull_s", (F.col("_bw") / 1_000_000.0).alias("bucket_s"))
+    )
+
+
+def _fmt_int(col: Column) -> Column:
+    return F.format_number(col, 0)
+
+
+def advice(
+    episodes: DataFrame,
+    client: DataFrame | None,
+    limits: DataFrame | None,
+    *,
+    target_block_s: float = 5.0,
+) -> DataFrame:
+    """Threshold advice per (vhost, queue) that had flow episodes, with the evidence as text.
+
+    Stop: with producers of capacities c1..cn honouring flow control the
+    depth can reach ``stop_count + c1 + … + cn``, which must fit under the
+    queue's maximum (``limits.max_count``).  Capacities come from client
+    records for ``queue://<name>`` (the largest per producer); when no client
+    log covers the queue, or the maximum is unknown, the advice says so and
+    uses what is known.
+
+    Resume: producers stay blocked while the queue drains from its stop to
+    its resume threshold.  The median drain rate of closed episodes gives
+    the resume count that would keep a block near ``target_block_s`` (the
+    SDK's default notify period: longer blocks log "send delayed").
+
+    Raises:
+        ValueError: ``target_block_s`` is not positive.
+    """
+    if not target_block_s > 0 or math.isinf(target_block_s):
+        raise ValueError(f"target_block_s must be a positive number, got {target_block_s}")
+    drain_rate = F.when(
+        (F.col("duration_s") > 0) & (F.col("start_messages") >= F.col("end_messages")),
+        (F.col("start_messages") - F.col("end_messages")) / F.col("duration_s"),
+    )
+    per_queue = episodes.groupBy("vhost", "queue").agg(
+        F.max_by("stop_count", "start").alias("stop_count"),
+        F.max_by("stop_size", "start").alias("stop_size"),
+        F.max_by("resume_count", F.when(~F.col("open"), F.col("start"))).alias("resume_count"),
+        F.max_by("resume_size", F.when(~F.col("open"), F.col("start"))).alias("resume_size"),
+        F.count(F.lit(1)).alias("episodes"),
+        F.percentile(drain_rate, F.lit(0.5)).alias("drain_rate_msgs_s"),
+        F.percentile("duration_s", F.lit(0.5)).alias("blocked_p50_s"),
+    )
+    per_queue = per_queue.withColumn("destination", F.concat(F.lit("queue://"), F.col("queue")))
+    if client is not None:
+        per_producer = (
+            client.where(F.col("capacity").isNotNull() & F.col("destination").isNotNull())
+            .groupBy("destination", "producer")
+            .agg(F.max("capacity").alias("capacity"))
+        )
+        capacities = per_producer.groupBy("destination").agg(
+            F.count(F.lit(1)).alias("producers"), F.sum("capacity").alias("capacity_sum")
+        )
+        per_queue = per_queue.join(capacities, "destination", "left")
+    else:
+        per_queue = per_queue.withColumn("producers", F.lit(None).cast("long")).withColumn(
+            "capacity_sum", F.lit(None).cast("long")
+        )
+    if limits is not None:
+        per_queue = per_queue.join(
+            limits.select("vhost", "queue", "max_count", "max_size"), ["vhost", "queue"], "left"
+        )
+    else:
+        per_queue = per_queue.withColumn("max_count", F.lit(None).cast("long")).withColumn(
+            "max_size", F.lit(None).cast("long")
+        )
+
+    stop = F.col("stop_count")
+    cap = F.col("capacity_sum")
+    mx = F.col("max_count")
+    worst = stop + cap
+    has_stop = stop.isNotNull() & (stop > 0)
+    stop_ok = F.when(has_stop & cap.isNotNull() & mx.isNotNull(), worst <= mx)
+    suggested_stop = F.when(has_stop & cap.isNotNull() & mx.isNotNull() & (worst > mx), mx - cap)
+    cap_text = F.format_string(
+        "producer capacities %s (%s producers in client logs)", _fmt_int(cap), F.col("producers")
+    )
+    unknown_cap_text = F.concat(
+        F.lit("producer capacities unknown (no client log for "), F.col("destination"), F.lit(")")
+    )
+    stop_advice = (
+        F.when(
+            ~has_stop,
+            F.concat(
+                F.lit("no message-count stop threshold (stop size "),
+                _fmt_int(F.coalesce(F.col("stop_size"), F.lit(0))),
+                F.lit(" bytes); producer capacities bound messages, not bytes"),
+                F.when(
+                    F.col("max_size").isNotNull(),
+                    F.concat(F.lit("; queue maximum "), _fmt_int(F.col("max_size")), F.lit(" bytes")),
+                ).otherwise(F.lit("")),
+            ),
+        )
+        .when(
+            cap.isNotNull() & mx.isNotNull() & (worst <= mx),
+            F.concat(
+                F.lit("OK: stop "), _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "),
+                _fmt_int(worst), F.lit(" <= queue maximum "), _fmt_int(mx),
+            ),
+        )
+        .when(
+            cap.isNotNull() & mx.isNotNull() & (mx - cap > 0),
+            F.concat(
+                F.lit("LOWER STOP: stop "), _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "),
+                _fmt_int(worst), F.lit(" exceeds queue maximum "), _fmt_int(mx),
+                F.lit(" by "), _fmt_int(worst - mx), F.lit("; set qpid.flow_stop_count <= "),
+                _fmt_int(mx - cap),
+            ),
+        )
+        .when(
+            cap.isNotNull() & mx.isNotNull(),
+            F.concat(
+                F.lit("REDUCE CAPACITIES: "), cap_text, F.lit(" alone reach queue maximum "),
+                _fmt_int(mx), F.lit("; lower producer capacities or raise the maximum"),
+            ),
+        )
+        .when(
+            cap.isNotNull(),
+            F.concat(
+                F.lit("queue maximum unknown (pass --queue-limits): depth can reach stop "),
+                _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "), _fmt_int(worst),
+                F.lit("; the maximum must be at least that"),
+            ),
+        )
+        .when(
+            mx.isNotNull(),
+            F.concat(
+                unknown_cap_text, F.lit(": stop "), _fmt_int(stop), F.lit(" leaves "),
+                _fmt_int(mx - stop), F.lit(" messages under queue maximum "), _fmt_int(mx),
+                F.lit("; the producers' capacities must sum to at most that"),
+            ),
+        )
+        .otherwise(
+            F.concat(
+                unknown_cap_text, F.lit(" and queue maximum unknown: depth can reach stop "),
+                _fmt_int(stop), F.lit(" + the sum of producer capacities"),
+            )
+        )
+    )
+
+    rate = F.col("drain_rate_msgs_s")
+    resume = F.col("resume_count")
+    p50 = F.col("blocked_p50_s")
+    needed = F.ceil(rate * F.lit(float(target_block_s)))
+    candidate = F.greatest(resume, stop - needed)
+    capped = F.least(candidate, stop - F.lit(1))
+    count_mode = has_stop & resume.isNotNull() & (resume > 0)
+    too_long = count_mode & rate.isNotNull() & (rate > 0) & (p50 > F.lit(float(target_block_s)))
+    suggested_resume = F.when(too_long & (capped > resume), capped)
+    target_text = F.format_string("%.0fs", F.lit(float(target_block_s)))
+    evidence = F.concat(
+        F.lit("producers blocked p50 "), F.format_string("%.1fs", p50),
+        F.lit(" while the queue drained from stop "), _fmt_int(stop), F.lit(" to resume "),
+        _fmt_int(resume), F.lit(" at "), F.format_string("%.1f msg/s", rate),
+    )
+    resume_advice = (
+        F.when(~count_mode, F.lit("no message-count resume threshold: no count-based advice"))
+        .when(
+            rate.isNull() | p50.isNull(),
+            F.lit("no closed episode with a measurable drain: drain time unknown"),
+        )
+        .when(
+            suggested_resume.isNotNull(),
+            F.concat(
+                F.lit("RAISE RESUME: "), evidence, F.lit("; resume at "),
+                _fmt_int(suggested_resume), F.lit(" to keep blocks near "), target_text,
+                F.lit(" (at the cost of more frequent stops)"),
+            ),
+        )
+        .otherwise(F.concat(F.lit("OK: "), evidence))
+    )
+    return per_queue.select(
+        "vhost",
+        "queue",
+        "episodes",
+        "stop_count",
+        "resume_count",
+        "stop_size",
+        "resume_size",
+        "max_count",
+        "max_size",
+        "producers",
+        "capacity_sum",
+        F.when(has_stop & cap.isNotNull(), worst).alias("worst_case_depth"),
+        stop_ok.alias("stop_ok"),
+        suggested_stop.alias("suggested_stop_count"),
+        stop_advice.alias("stop_advice"),
+        "drain_rate_msgs_s",
+        "blocked_p50_s",
+        suggested_resume.alias("suggested_resume_count"),
+        resume_advice.alias("resume_advice"),
+    )

@@ -1,0 +1,41 @@
+"""One local Spark session for the whole pipeline test session."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from pyspark.sql import SparkSession
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # py4j logs every gateway command at DEBUG, drowning test output.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Spark's Python layer emits these from inside pyspark; they are not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:pyspark.*")
+    config.addinivalue_line("filterwarnings", "ignore::ResourceWarning")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    # Timestamps collected to Python are rendered in the process's zone:
+    # pin it to UTC so expected tables can be written in UTC.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("rabbitflow-pipeline-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.adaptive.enabled", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
