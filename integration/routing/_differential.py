@@ -382,3 +382,23 @@ def differences(
         for m in messages
         if observed[m.id] != predicted[m.id]
     ]
+
+
+def declare_on_broker(channel: Any, topology: Topology) -> None:
+    """Carry out ``topology``'s recorded declarations through a pika channel."""
+    for op, args, kwargs in topology.operations:
+        if op == "declare_exchange":
+            name, type_, arguments = args
+            channel.exchange_declare(
+                name, type_, internal=bool(kwargs.get("internal")), arguments=arguments
+            )
+        elif op == "declare_queue":
+            channel.queue_declare(args[0], arguments=args[1] if len(args) > 1 else None)
+        elif op == "bind_queue":
+            queue, source, key, *rest = args
+            channel.queue_bind(queue, source, key, arguments=rest[0] if rest else None)
+        elif op == "bind_exchange":
+            destination, source, key, *rest = args
+            channel.exchange_bind(destination, source, key, arguments=rest[0] if rest else None)
+        else:
+            raise ValueError(f"declare_on_broker does not handle {op}")

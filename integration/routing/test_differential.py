@@ -9,7 +9,6 @@ replaying the declarations and (b) from the management API snapshot.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import pika
 import pytest
