@@ -321,7 +321,7 @@ def _topic_match(root: _TopicNode, words: Sequence[str], out: dict[_Dest, int]) 
             stack.extend((hash_child, j) for j in range(i, n + 1))
 
 
-def split_topic_key(key: str) -> list[str]:
+def _split_topic_key(key: str) -> list[str]:
     """Words of a topic routing or binding key, as RabbitMQ splits them ("" has none)."""
     return key.split(".") if key else []
 
@@ -379,7 +379,7 @@ class _Exchange:
             _incr(self.fanout, dest)
         elif self.type == "topic":
             node = self.topic
-            for word in split_topic_key(key):
+            for word in _split_topic_key(key):
                 node = node.children.setdefault(word, _TopicNode())
             _incr(node.dests, dest)
         elif pattern is not None:
@@ -400,7 +400,7 @@ class _Exchange:
         elif self.type == "fanout":
             _decr(self.fanout, dest)
         elif self.type == "topic":
-            self._topic_remove(split_topic_key(key), dest)
+            self._topic_remove(_split_topic_key(key), dest)
         elif self.type == "headers":
             del self.headers[bid]
         return True
@@ -441,7 +441,7 @@ class _Exchange:
         hit = self._cache.get(key)
         if hit is None:
             found: dict[_Dest, int] = {}
-            _topic_match(self.topic, split_topic_key(key), found)
+            _topic_match(self.topic, _split_topic_key(key), found)
             hit = tuple(found)
             if len(self._cache) >= _ROUTE_CACHE_LIMIT:
                 self._cache.clear()
