@@ -1,0 +1,298 @@
+"""``rabbitflow-analyze``: the Spark job entry point (all the pipeline's I/O is here).
+
+    rabbitflow-analyze EVENT_LOG... --out DIR [--client-log PATH...]
+                       [--queue-limits FILE.json] [--master URL]
+
+Local mode (``local[2]``) unless ``--master`` is given or the job runs
+under ``spark-submit`` (which supplies the master); see docs/pipeline.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.report import ReportData, render_report
+from rabbitflow_pipeline.schemas import LINES_SCHEMA, QUEUE_LIMITS_SCHEMA
+
+__all__ = [
+    "TABLES",
+    "AnalysisResult",
+    "QueueLimitsError",
+    "analyze",
+    "build_session",
+    "main",
+    "parse_queue_limits",
+    "read_lines",
+]
+
+#: The Parquet tables written under ``--out``.
+TABLES = (
+    "episodes",
+    "queue_summary",
+    "channel_blocks",
+    "store_episodes",
+    "send_delays",
+    "advice",
+    "malformed",
+)
+
+TIMELINE_BUCKETS = 240
+TIMELINE_QUEUES = 30
+
+
+class QueueLimitsError(ValueError):
+    """The ``--queue-limits`` file is not a list of queues with maxima."""
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """What one run produced: counts and where the outputs are."""
+
+    out: Path
+    events: int
+    malformed: int
+    episodes: int
+    seconds: float
+
+
+def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze") -> SparkSession:
+    """The Spark session: ``master`` if given, the spark-submit master, else ``local[2]``.
+
+    Session time zone is UTC so every timestamp is read and written in UTC.
+    """
+    builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
+    # spark-submit starts the Py4J gateway itself and hands its port to Python.
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not under_submit:
+        master = "local[2]"
+    if master is not None:
+        builder = builder.master(master)
+    if master is not None and master.startswith("local"):
+        builder = builder.config("spark.sql.shuffle.partitions", "8").config(
+            "spark.ui.showConsoleProgress", "false"
+        )
+    return builder.getOrCreate()
+
+
+def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Lines of text files (globs allowed) with the file each came from (``source``)."""
+    if not paths:
+        return spark.createDataFrame([], LINES_SCHEMA)
+    return spark.read.text(list(paths)).select(
+        "value", F.col("_metadata.file_path").alias("source")
+    )
+
+
+def _first_int(*values: Any) -> int | None:
+    for value in values:
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def parse_queue_limits(document: Any) -> list[tuple[str, str, int | None, int | None]]:
+    """Queue maxima from a ``--queue-limits`` document.
+
+    Accepts a JSON list of queue objects (or ``{"queues": [...]}``): our own
+    ``{"vhost", "queue", "max_count", "max_size"}`` form, a gateway admin API
+    ``GET /api/queues`` snapshot, or a RabbitMQ management ``/api/queues``
+    snapshot (``arguments`` ``x-max-length``/``x-max-length-bytes``, or the
+    ``effective_policy_definition`` ``max-length``/``max-length-bytes``).
+    Queues with neither maximum are kept with nulls.
+
+    Raises:
+        QueueLimitsError: not a list of objects, or an object without a name.
+    """
+    if isinstance(document, Mapping) and "queues" in document:
+        document = document["queues"]
+    if not isinstance(document, list):
+        raise QueueLimitsError("queue limits must be a JSON list of queue objects")
+    rows: list[tuple[str, str, int | None, int | None]] = []
+    for index, item in enumerate(document):
+        if not isinstance(item, Mapping):
+            raise QueueLimitsError(f"queue limits entry {index} is not an object")
+        name = item.get("queue", item.get("name"))
+        if not isinstance(name, str) or not name:
+            raise QueueLimitsError(f"queue limits entry {index} has no queue name")
+        vhost = item.get("vhost") or "/"
+        args = item.get("arguments") or {}
+        policy = item.get("effective_policy_definition") or {}
+        max_count = _first_int(
+            item.get("max_count"),
+            item.get("max_length"),
+            item.get("x-max-length"),
+            args.get("x-max-length"),
+            policy.get("max-length"),
+        )
+        max_size = _first_int(
+            item.get("max_size"),
+            item.get("max_length_bytes"),
+            item.get("x-max-length-bytes"),
+            args.get("x-max-length-bytes"),
+            policy.get("max-length-bytes"),
+        )
+        rows.append((str(vhost), name, max_count, max_size))
+    return rows
+
+
+def _rows(df: DataFrame) -> list[dict[str, Any]]:
+    return [row.asDict() for row in df.collect()]
+
+
+def _write(df: DataFrame, out: Path, name: str) -> DataFrame:
+    path = str(out / name)
+    df.write.mode("overwrite").parquet(path)
+    return df.sparkSession.read.parquet(path)
+
+
+def analyze(
+    spark: SparkSession,
+    event_paths: Sequence[str],
+    out: Path,
+    *,
+    client_paths: Sequence[str] = (),
+    queue_limits: Iterable[tuple[str, str, int | None, int | None]] | None = None,
+) -> AnalysisResult:
+    """Read the logs, write every table under ``out`` and ``out/report.html``.
+
+    The event log is parsed once and cached; each table is written and read
+    back, so the report's aggregates come from compact Parquet rather than
+    from recomputed windows.
+
+    Raises:
+        pyspark.errors.AnalysisException: an input path matches no file.
+    """
+    started = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    parsed = tf.parse_event_lines(read_lines(spark, event_paths)).persist()
+    counts = parsed.agg(
+        F.count(F.lit(1)).alias("lines"),
+        F.count("malformed_reason").alias("malformed"),
+    ).collect()[0]
+    events = tf.valid_events(parsed)
+
+    episodes = _write(tf.queue_episodes(events), out, "episodes")
+    blocks = _write(tf.channel_blocks(events), out, "channel_blocks")
+    stores = _write(tf.store_episodes(events), out, "store_episodes")
+    window_row = tf.observed_window(events).collect()[0]
+    window = spark.createDataFrame([window_row], tf.observed_window(events).schema)
+
+    summary = _write(tf.queue_summary(episodes, blocks, window), out, "queue_summary")
+
+    parsed_client = tf.parse_client_lines(read_lines(spark, client_paths)).persist()
+    client = tf.client_flow_records(parsed_client)
+    delays = _write(tf.send_delays(client), out, "send_delays")
+    limits = None
+    if queue_limits is not None:
+        limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
+    advice = _write(tf.advice(episodes, client, limits), out, "advice")
+    malformed = _write(tf.malformed_summary(parsed, parsed_client), out, "malformed")
+
+    top = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(TIMELINE_QUEUES)
+    timeline = tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS)
+    client_waits = client.where(F.col("flow_event").isin("send_delayed", "send_failed")).select(
+        (F.col("waited_ms") / 1000.0).alias("waited_s")
+    )
+    episode_counts = episodes.agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.col("open").cast("long")).alias("open")
+    ).collect()[0]
+    totals = {
+        "events": int(counts["lines"]) - int(counts["malformed"]),
+        "malformed lines": int(counts["malformed"]),
+        "queues with episodes": summary.where(F.col("flow_stopped_count") > 0).count(),
+        "flow episodes": int(episode_counts["n"]),
+        "open episodes": int(episode_counts["open"] or 0),
+        "channel blocks": blocks.count(),
+        "store episodes": stores.count(),
+    }
+    data = ReportData(
+        inputs=list(event_paths) + list(client_paths),
+        window_start=window_row["window_start"],
+        window_end=window_row["window_end"],
+        totals=totals,
+        summary=_rows(summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(50)),
+        timeline=_rows(timeline),
+        timeline_buckets=TIMELINE_BUCKETS,
+        block_histogram=_rows(tf.duration_histogram(blocks, "duration_s")),
+        delay_histogram=_rows(tf.duration_histogram(client_waits, "waited_s")),
+        advice=_rows(
+            advice.orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")).limit(
+                100
+            )
+        ),
+        malformed=_rows(malformed.orderBy(F.desc("count")).limit(200)),
+        store_episodes=_rows(stores.orderBy("start").limit(50)),
+        send_delays=_rows(delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20)),
+    )
+    (out / "report.html").write_text(render_report(data), encoding="utf-8")
+    parsed.unpersist()
+    parsed_client.unpersist()
+    return AnalysisResult(
+        out=out,
+        events=totals["events"],
+        malformed=totals["malformed lines"],
+        episodes=totals["flow episodes"],
+        seconds=time.monotonic() - started,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rabbitflow-analyze",
+        description="Analyse rabbitflow gateway event logs (and client logs) with Spark.",
+    )
+    parser.add_argument("event_logs", nargs="+", metavar="EVENT_LOG", help="files or globs")
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument(
+        "--client-log", action="append", default=[], metavar="PATH", help="client JSON log"
+    )
+    parser.add_argument(
+        "--queue-limits",
+        type=Path,
+        metavar="FILE.json",
+        help="queue maxima (own format or an admin/management API /api/queues snapshot)",
+    )
+    parser.add_argument("--master", help="Spark master URL (default local[2])")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the job; returns the process exit status (2 on bad arguments)."""
+    args = _parser().parse_args(argv)
+    limits = None
+    if args.queue_limits is not None:
+        try:
+            limits = parse_queue_limits(json.loads(args.queue_limits.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            print(f"rabbitflow-analyze: --queue-limits {args.queue_limits}: {exc}", file=sys.stderr)
+            return 2
+    spark = build_session(args.master)
+    try:
+        result = analyze(
+            spark, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
+        )
+    finally:
+        spark.stop()
+    print(
+        f"rabbitflow-analyze: {result.events:,} events, {result.malformed:,} malformed lines, "
+        f"{result.episodes:,} flow episodes in {result.seconds:.1f}s → {result.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The job entry: reads files, writes every table and the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, parse_queue_limits
+
+from .logs import at, client_line, enforced, line, over, removed, store_over, under
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> tuple[list[str], list[str]]:
+    gw_a = tmp_path / "gw-a.jsonl"
+    gw_b = tmp_path / "gw-b.jsonl"
+    client = tmp_path / "app.jsonl"
+    gw_a.write_text(
+        "\n".join([line(over(0, "orders")), line(enforced(1, 7, 1, "orders")), "{broken",
+                   line(under(20, "orders")), line(removed(20, 7, 1)), ""]) + "\n"
+    )
+    gw_b.write_text("\n".join([line(over(30, "orders")), line(store_over(35))]) + "\n")
+    client.write_text(
+        "\n".join([client_line(5, "send_delayed", waited_ms=5000, capacity=100),
+                   '{"event": "unrelated"}']) + "\n"
+    )
+    return [str(tmp_path / "gw-*.jsonl")], [str(client)]
+
+
+def test_analyze_writes_every_table_and_the_report(
+    spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]]
+) -> None:
+    events, client = logs
+    out = tmp_path / "out"
+    result = analyze(spark, events, out, client_paths=client,
+                     queue_limits=[("/", "orders", 1000, None)])
+    assert (result.events, result.malformed, result.episodes) == (6, 1, 2)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*TABLES, "report.html"])
+    assertDataFrameEqual(
+        spark.read.parquet(str(out / "episodes")).select("queue", "start", "end", "open"),
+        [("orders", at(0).replace(tzinfo=None), at(20).replace(tzinfo=None), False),
+         ("orders", at(30).replace(tzinfo=None), None, True)],
+    )
+    advice = spark.read.parquet(str(out / "advice")).collect()
+    assert advice[0]["stop_advice"].startswith("OK: stop 900 + producer capacities 100")
+    report = (out / "report.html").read_text()
+    assert "<svg" in report
+    assert "orders" in report
+    assert "<script" not in report
+
+
+def test_parse_queue_limits_reads_own_and_management_formats() -> None:
+    document = [
+        {"vhost": "/", "queue": "a", "max_count": 1000},
+        {"vhost": "v", "name": "b", "arguments": {"x-max-length-bytes": 5000}},
+        {"name": "c", "effective_policy_definition": {"max-length": 70}},
+        {"name": "d"},
+    ]
+    assert parse_queue_limits({"queues": document}) == [
+        ("/", "a", 1000, None), ("v", "b", None, 5000), ("/", "c", 70, None),
+        ("/", "d", None, None),
+    ]
+
+
+def test_parse_queue_limits_refuses_an_entry_without_a_name() -> None:
+    with pytest.raises(QueueLimitsError, match="entry 1 has no queue name"):
+        parse_queue_limits([{"name": "a"}, {"max_count": 3}])
+
+
+def test_parse_queue_limits_refuses_a_non_list() -> None:
+    with pytest.raises(QueueLimitsError, match="JSON list"):
+        parse_queue_limits(json.loads('"nope"'))
