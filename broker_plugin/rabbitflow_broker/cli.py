@@ -1,0 +1,90 @@
+"""``rabbitflow-broker``: run the gateway.
+
+The command line is the application, so unlike the library modules it
+configures structlog: console lines or JSON, to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import structlog
+
+from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
+from rabbitflow_broker.service import GatewayService
+
+__all__ = ["configure_logging", "main"]
+
+
+def configure_logging(log_format: str) -> None:
+    """Route structlog and stdlib logging to stderr as console or JSON lines."""
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processor=renderer)
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run the gateway until SIGINT/SIGTERM.
+
+    Raises:
+        OSError: a listen address cannot be bound.
+    """
+    service = GatewayService(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await service.start()
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point; returns the exit status."""
+    try:
+        config = load_config(argv)
+    except ConfigError as exc:
+        print(f"rabbitflow-broker: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_format)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"rabbitflow-broker: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

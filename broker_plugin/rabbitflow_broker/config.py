@@ -1,0 +1,234 @@
+"""Gateway options: one immutable, validated :class:`GatewayConfig`.
+
+Sources, later wins: defaults, ``--config FILE.toml``, environment
+variables ``RABBITFLOW_BROKER_<OPTION>`` (e.g. ``RABBITFLOW_BROKER_LISTEN``),
+command-line options.  The environment is read only in :func:`load_config`.
+A bad value raises :class:`ConfigError` naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["ConfigError", "GatewayConfig", "build_parser", "load_config", "parse_host_port"]
+
+ENV_PREFIX = "RABBITFLOW_BROKER_"
+
+
+class ConfigError(ValueError):
+    """An option has a bad value; the message names the option."""
+
+
+def parse_host_port(option: str, value: str) -> tuple[str, int]:
+    """Parse ``HOST:PORT`` (``[v6]:PORT`` for IPv6).
+
+    Raises:
+        ConfigError: malformed value or port out of range.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--{option}: expected HOST:PORT, got {value!r}")
+    number = int(port)
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"--{option}: port {number} out of range")
+    return host.strip("[]") or "0.0.0.0", number
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Validated gateway options (see ``rabbitflow-broker --help``).
+
+    Raises:
+        ConfigError: on creation, for a bad value, naming the option.
+    """
+
+    listen: str = "127.0.0.1:5673"
+    upstream: str = "amqp://localhost:5672"
+    management_url: str = "http://localhost:15672"
+    admin_listen: str = "127.0.0.1:15673"
+    default_flow_stop_threshold: int = 80
+    default_flow_resume_threshold: int = 70
+    default_queue_limit: int = 104_857_600
+    store_overfull_size: int = 0
+    store_underfull_size: int = 0
+    flow_enforcement_timeout: int = 5000
+    event_log: str | None = None
+    log_format: Literal["console", "json"] = "console"
+    state_file: str | None = None
+    reconcile_interval: int = 1000
+    routing_refresh_interval: int = 30_000
+
+    def __post_init__(self) -> None:
+        parse_host_port("listen", self.listen)
+        parse_host_port("admin-listen", self.admin_listen)
+        for name in (
+            "default_flow_stop_threshold",
+            "default_flow_resume_threshold",
+            "default_queue_limit",
+            "store_overfull_size",
+            "store_underfull_size",
+            "flow_enforcement_timeout",
+            "reconcile_interval",
+            "routing_refresh_interval",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')}: must be a non-negative integer, got {value!r}"
+                )
+        for name in ("default_flow_stop_threshold", "default_flow_resume_threshold"):
+            if getattr(self, name) > 100:
+                raise ConfigError(f"--{name.replace('_', '-')}: a percentage cannot exceed 100")
+        if self.default_flow_resume_threshold > self.default_flow_stop_threshold:
+            raise ConfigError(
+                "--default-flow-resume-threshold: must not be above --default-flow-stop-threshold"
+            )
+        if self.store_underfull_size > self.store_overfull_size:
+            raise ConfigError(
+                "--store-underfull-size: must not be above --store-overfull-size "
+                f"({self.store_underfull_size} > {self.store_overfull_size})"
+            )
+        if urlsplit(self.upstream).scheme not in ("amqp", "amqps"):
+            raise ConfigError(f"--upstream: expected an amqp:// URL, got {self.upstream!r}")
+        if urlsplit(self.upstream).scheme == "amqps":
+            raise ConfigError("--upstream: amqps:// is not supported yet")
+        if urlsplit(self.management_url).scheme not in ("http", "https"):
+            raise ConfigError(
+                f"--management-url: expected an http(s):// URL, got {self.management_url!r}"
+            )
+        if self.log_format not in ("console", "json"):
+            raise ConfigError(f"--log-format: expected console or json, got {self.log_format!r}")
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        """``--listen`` as (host, port)."""
+        return parse_host_port("listen", self.listen)
+
+    @property
+    def admin_address(self) -> tuple[str, int]:
+        """``--admin-listen`` as (host, port)."""
+        return parse_host_port("admin-listen", self.admin_listen)
+
+    @property
+    def upstream_address(self) -> tuple[str, int]:
+        """Host and port of ``--upstream``."""
+        parts = urlsplit(self.upstream)
+        return parts.hostname or "localhost", parts.port or 5672
+
+    @property
+    def management_credentials(self) -> tuple[str, str]:
+        """User and password for the management API.
+
+        From ``--management-url`` when it carries them, else from
+        ``--upstream``, else guest/guest.
+        """
+        for url in (self.management_url, self.upstream):
+            parts = urlsplit(url)
+            if parts.username:
+                return unquote(parts.username), unquote(parts.password or "")
+        return "guest", "guest"
+
+    @property
+    def management_base(self) -> str:
+        """``--management-url`` without credentials or trailing slash."""
+        parts = urlsplit(self.management_url)
+        netloc = parts.hostname or "localhost"
+        if ":" in netloc:
+            netloc = f"[{netloc}]"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(GatewayConfig)}
+_INT_FIELDS = {name for name, f in _FIELDS.items() if f.type == "int"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rabbitflow-broker`` argument parser (no defaults: they merge later)."""
+    parser = argparse.ArgumentParser(
+        prog="rabbitflow-broker",
+        description="AMQP 0-9-1 gateway adding Qpid-style producer flow control to RabbitMQ.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
+    help_text = {
+        "listen": "AMQP address to serve (default 127.0.0.1:5673)",
+        "upstream": "RabbitMQ AMQP URL (default amqp://localhost:5672)",
+        "management_url": "RabbitMQ management API URL (default http://localhost:15672)",
+        "admin_listen": "admin HTTP API address (default 127.0.0.1:15673)",
+        "default_flow_stop_threshold": "percent of a queue's maximum to stop at (80)",
+        "default_flow_resume_threshold": "percent of a queue's maximum to resume below (70)",
+        "default_queue_limit": "bytes assumed as maximum for queues without one (104857600)",
+        "store_overfull_size": "vhost store bytes that block all producers (0 = off)",
+        "store_underfull_size": "vhost store bytes under which producers resume (0 = off)",
+        "flow_enforcement_timeout": "ms a flowed channel may keep publishing (5000)",
+        "event_log": "append events as JSON lines to this file",
+        "log_format": "console or json (default console)",
+        "state_file": "keep runtime thresholds in this JSON file instead of RabbitMQ",
+        "reconcile_interval": "ms between depth reconciliations with RabbitMQ (1000)",
+        "routing_refresh_interval": "ms between routing snapshots from RabbitMQ (30000)",
+    }
+    for name, text in help_text.items():
+        flag = "--" + name.replace("_", "-")
+        if name == "log_format":
+            parser.add_argument(flag, dest=name, choices=("console", "json"), help=text)
+        else:
+            parser.add_argument(flag, dest=name, help=text)
+    return parser
+
+
+def _coerce(name: str, value: object, origin: str) -> object:
+    if name in _INT_FIELDS:
+        if isinstance(value, bool):
+            raise ConfigError(f"{origin}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        try:
+            return int(str(value).replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{origin}: expected an integer, got {value!r}") from None
+    if not isinstance(value, str):
+        raise ConfigError(f"{origin}: expected a string, got {value!r}")
+    return value
+
+
+def load_config(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Build the configuration from command line, environment and TOML file.
+
+    Raises:
+        ConfigError: unreadable config file, unknown key, or bad value.
+        SystemExit: from argparse for unknown options or ``--help``.
+    """
+    environ = os.environ if environ is None else environ
+    args = vars(build_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    config_path = args.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
+    if config_path:
+        try:
+            with open(config_path, "rb") as handle:
+                data = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--config: cannot read {config_path}: {exc}") from exc
+        section = data.get("rabbitflow-broker", data)
+        for key, value in section.items():
+            name = key.replace("-", "_")
+            if name not in _FIELDS:
+                raise ConfigError(f"--config: unknown option {key!r} in {config_path}")
+            values[name] = _coerce(name, value, f"{key} in {config_path}")
+    for name in _FIELDS:
+        env_name = ENV_PREFIX + name.upper()
+        if env_name in environ:
+            values[name] = _coerce(name, environ[env_name], env_name)
+    for name, value in args.items():
+        values[name] = _coerce(name, value, "--" + name.replace("_", "-"))
+    return GatewayConfig(**values)

@@ -1,0 +1,485 @@
+"""State shared by all connections of one gateway.
+
+:class:`Gateway` owns the routing table, the depth of every queue, the
+per-queue threshold machines, the runtime thresholds and the event sink.
+Relays (one per client connection) report what they relay; the gateway
+updates depth, runs the machines, emits events and, when something stops
+blocking, asks every relay to re-check its held confirms and flowed
+channels (:meth:`Connection.refresh`).
+
+Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
+blocked while its flow is ON or while a vhost-wide block (store quota,
+administrator stop: issue 4) is active; such a block names
+``** All Queues **`` in CHN-1005.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.depth import DepthTracker, QueueKey
+from rabbitflow_broker.events import ALL_QUEUES, Event
+from rabbitflow_broker.flow import (
+    DISABLED,
+    QueueFlow,
+    ThresholdError,
+    Thresholds,
+    ThresholdsSource,
+    default_thresholds,
+    thresholds_from_arguments,
+)
+from rabbitflow_broker.routing import RoutingTable
+
+__all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
+
+Route = frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedChannel:
+    """A client channel currently sent ``Channel.Flow(active=false)``."""
+
+    connection: int
+    channel: int
+    user: str
+    remote: str
+    vhost: str
+    blocked_on: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Admin API shape."""
+        return {
+            "connection": self.connection,
+            "channel": self.channel,
+            "user": self.user,
+            "remote": self.remote,
+            "vhost": self.vhost,
+            "blockedOn": list(self.blocked_on),
+        }
+
+
+class Connection(Protocol):
+    """What the gateway needs from a relay."""
+
+    number: int
+
+    def refresh(self) -> None:
+        """Re-check held confirms/commits and flowed channels against the gateway."""
+
+    def blocked_channels(self) -> Iterable[BlockedChannel]:
+        """Channels of this connection currently flowed."""
+
+    def channel_count(self) -> int:
+        """Open channels."""
+
+    def describe_channels(self) -> Iterable[dict[str, Any]]:
+        """Admin API view of this connection's channels."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """A queue as the admin API shows it."""
+
+    vhost: str
+    name: str
+    messages: int
+    bytes: int
+    thresholds: Thresholds
+    source: ThresholdsSource
+    flow_stopped: bool
+    flow_stopped_count: int
+    blocked_channels: tuple[BlockedChannel, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Admin API JSON."""
+        return {
+            "name": self.name,
+            "vhost": self.vhost,
+            "messages": self.messages,
+            "bytes": self.bytes,
+            **self.thresholds.to_json(),
+            "source": self.source,
+            "flowStopped": self.flow_stopped,
+            "flowStoppedCount": self.flow_stopped_count,
+            "blockedChannels": [c.to_json() for c in self.blocked_channels],
+        }
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Gateway:
+    """Shared state of the gateway; every method is synchronous and quick."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        sink: Callable[[Event], None],
+        routing: RoutingTable | None = None,
+        clock: Callable[[], dt.datetime] = _utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.routing = routing if routing is not None else RoutingTable()
+        self.depth = DepthTracker()
+        self._sink = sink
+        self._clock = clock
+        self._monotonic = monotonic
+        self._flows: dict[QueueKey, QueueFlow] = {}
+        self._sources: dict[QueueKey, ThresholdsSource] = {}
+        self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
+        self._runtime: dict[QueueKey, Thresholds] = {}
+        self._connections: dict[int, Connection] = {}
+        self._next_connection = 0
+        #: vhosts whose producers are all blocked (store quota, admin stop).
+        self.blocked_vhosts: set[str] = set()
+        #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
+        self.routing_version = 0
+
+    # -- connections ---------------------------------------------------------
+
+    def register(self, connection: Connection) -> None:
+        """Add a relay to the set that is refreshed on unblock."""
+        self._connections[connection.number] = connection
+
+    def unregister(self, connection: Connection) -> None:
+        """Remove a relay (its connection ended)."""
+        self._connections.pop(connection.number, None)
+
+    def next_connection_number(self) -> int:
+        """The gateway's own connection counter, as printed in ``con:N``."""
+        self._next_connection += 1
+        return self._next_connection
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Live relays."""
+        return list(self._connections.values())
+
+    def emit(self, event: Event) -> None:
+        """Send an event to the sink (console and event log)."""
+        self._sink(event)
+
+    def now(self) -> dt.datetime:
+        """Wall-clock time for event timestamps."""
+        return self._clock()
+
+    # -- thresholds ----------------------------------------------------------
+
+    def _pct(self) -> tuple[int, int]:
+        return (
+            self.config.default_flow_stop_threshold,
+            self.config.default_flow_resume_threshold,
+        )
+
+    def validate_declare(self, arguments: Mapping[str, object] | None) -> None:
+        """Check ``qpid.flow_*`` declare arguments.
+
+        Raises:
+            ThresholdError: a bad value; the message names the argument.
+        """
+        stop_pct, resume_pct = self._pct()
+        thresholds_from_arguments(arguments, stop_pct=stop_pct, resume_pct=resume_pct)
+
+    def _compute(self, key: QueueKey) -> tuple[Thresholds, ThresholdsSource]:
+        runtime = self._runtime.get(key)
+        if runtime is not None:
+            return runtime, "runtime"
+        arguments, policy = self._queue_args.get(key, ({}, {}))
+        stop_pct, resume_pct = self._pct()
+        try:
+            explicit = thresholds_from_arguments(
+                arguments, stop_pct=stop_pct, resume_pct=resume_pct
+            )
+        except ThresholdError:
+            explicit = None  # declared directly at RabbitMQ with bad values
+        if explicit is not None:
+            return explicit, "arguments"
+        default = default_thresholds(
+            arguments,
+            policy,
+            stop_pct=stop_pct,
+            resume_pct=resume_pct,
+            default_queue_limit=self.config.default_queue_limit,
+        )
+        if default is not None:
+            return default, "default"
+        return DISABLED, "none"
+
+    def flow(self, key: QueueKey) -> QueueFlow:
+        """The queue's machine, created (with its thresholds) on first use."""
+        machine = self._flows.get(key)
+        if machine is None:
+            thresholds, source = self._compute(key)
+            machine = self._flows[key] = QueueFlow(key[0], key[1], thresholds)
+            self._sources[key] = source
+        return machine
+
+    def _rethreshold(self, key: QueueKey) -> None:
+        machine = self.flow(key)
+        machine.thresholds, self._sources[key] = self._compute(key)
+        self._observe(key)
+
+    def knows_queue(self, vhost: str, name: str) -> bool:
+        """True when the queue was declared through the gateway or seen in a snapshot."""
+        key = (vhost, name)
+        return key in self._queue_args or key in self.depth
+
+    def queue_declared(
+        self,
+        vhost: str,
+        name: str,
+        arguments: Mapping[str, object] | None,
+        policy: Mapping[str, object] | None = None,
+    ) -> None:
+        """RabbitMQ confirmed a declare (or a snapshot listed the queue)."""
+        key = (vhost, name)
+        old_policy = self._queue_args.get(key, ({}, {}))[1]
+        self._queue_args[key] = (dict(arguments or {}), dict(policy or old_policy))
+        self.depth.get(key)
+        self._rethreshold(key)
+
+    def queue_seen(
+        self,
+        vhost: str,
+        name: str,
+        arguments: Mapping[str, object] | None,
+        policy: Mapping[str, object] | None,
+    ) -> None:
+        """A management snapshot listed the queue; update it only if it changed."""
+        key = (vhost, name)
+        new = (dict(arguments or {}), dict(policy or {}))
+        if self._queue_args.get(key) == new:
+            return
+        self._queue_args[key] = new
+        self.depth.get(key)
+        self._rethreshold(key)
+
+    def queue_deleted(self, vhost: str, name: str) -> None:
+        """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
+        key = (vhost, name)
+        self._queue_args.pop(key, None)
+        self._runtime.pop(key, None)
+        self.depth.forget(key)
+        machine = self._flows.pop(key, None)
+        self._sources.pop(key, None)
+        if machine is not None and machine.stopped:
+            self.wake()
+
+    def set_runtime_thresholds(
+        self, vhost: str, name: str, changes: Mapping[str, object]
+    ) -> Thresholds:
+        """Apply admin-API threshold changes (camelCase keys, any subset).
+
+        A stop value given without its resume value keeps the old resume
+        value when it still fits, else derives it from the broker ratio.
+
+        Raises:
+            ThresholdError: unknown key or bad value, naming it.
+        """
+        names = {
+            "flowStopCount": "stop_count",
+            "flowResumeCount": "resume_count",
+            "flowStopSize": "stop_size",
+            "flowResumeSize": "resume_size",
+        }
+        for key_name in changes:
+            if key_name not in names:
+                raise ThresholdError(key_name, "unknown threshold")
+        key = (vhost, name)
+        current = self.flow(key).thresholds
+        values = {
+            "stop_count": current.stop_count,
+            "resume_count": current.resume_count,
+            "stop_size": current.stop_size,
+            "resume_size": current.resume_size,
+        }
+        for key_name, field in names.items():
+            if key_name in changes:
+                values[field] = changes[key_name]  # type: ignore[assignment]
+        stop_pct, resume_pct = self._pct()
+        for stop_field, resume_field, resume_key in (
+            ("stop_count", "resume_count", "flowResumeCount"),
+            ("stop_size", "resume_size", "flowResumeSize"),
+        ):
+            stop = values[stop_field]
+            if resume_key not in changes and isinstance(stop, int) and not isinstance(stop, bool):
+                if stop == 0:
+                    values[resume_field] = 0
+                elif values[resume_field] > stop:
+                    values[resume_field] = (
+                        stop * resume_pct // stop_pct if stop_pct and resume_pct else stop
+                    )
+        try:
+            thresholds = Thresholds(**values)
+        except ThresholdError as exc:
+            camel = {
+                "qpid.flow_stop_count": "flowStopCount",
+                "qpid.flow_resume_count": "flowResumeCount",
+                "qpid.flow_stop_size": "flowStopSize",
+                "qpid.flow_resume_size": "flowResumeSize",
+            }
+            raise ThresholdError(camel.get(exc.argument, exc.argument), exc.reason) from None
+        self._runtime[key] = thresholds
+        self._rethreshold(key)
+        return thresholds
+
+    def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
+        """Install thresholds kept across restarts."""
+        for key, thresholds in stored.items():
+            self._runtime[key] = thresholds
+            if key in self._flows:
+                self._rethreshold(key)
+
+    def runtime_thresholds(self, vhost: str, name: str) -> Thresholds | None:
+        """The thresholds set at run time for a queue, if any."""
+        return self._runtime.get((vhost, name))
+
+    # -- blocking ------------------------------------------------------------
+
+    def is_blocked(self, vhost: str, queue: str) -> bool:
+        """True while publishes to the queue must not complete."""
+        if vhost in self.blocked_vhosts:
+            return True
+        machine = self._flows.get((vhost, queue))
+        return machine is not None and machine.stopped
+
+    def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
+        """A predicate for :class:`~rabbitflow_broker.confirms.ConfirmTracker`."""
+        if vhost in self.blocked_vhosts:
+            return lambda route: True
+        flows = self._flows
+
+        def blocked(route: Route) -> bool:
+            for queue in route:
+                machine = flows.get((vhost, queue))
+                if machine is not None and machine.stopped:
+                    return True
+            return False
+
+        return blocked
+
+    def first_blocked(self, vhost: str, route: Route) -> str | None:
+        """The name CHN-1005 prints for a publish on this route, or None."""
+        if vhost in self.blocked_vhosts:
+            return ALL_QUEUES
+        for queue in sorted(route):
+            if self.is_blocked(vhost, queue):
+                return queue
+        return None
+
+    def blocker_active(self, vhost: str, blocker: str) -> bool:
+        """Whether a channel's recorded blocker still holds."""
+        if blocker == ALL_QUEUES:
+            return vhost in self.blocked_vhosts
+        return self.is_blocked(vhost, blocker)
+
+    def set_vhost_blocked(self, vhost: str, blocked: bool) -> None:
+        """Block or free every producer of a vhost (issue 4: store quota, admin stop)."""
+        if blocked:
+            self.blocked_vhosts.add(vhost)
+        else:
+            self.blocked_vhosts.discard(vhost)
+        self.wake()
+
+    def wake(self) -> None:
+        """Ask every relay to re-check what it holds."""
+        for connection in list(self._connections.values()):
+            connection.refresh()
+
+    # -- depth ---------------------------------------------------------------
+
+    def _observe(self, key: QueueKey) -> None:
+        machine = self.flow(key)
+        depth = self.depth.get(key)
+        was_stopped = machine.stopped
+        event = machine.observe(depth.messages, depth.bytes, self._clock())
+        if event is not None:
+            self._sink(event)
+            if was_stopped and not machine.stopped:
+                self.wake()
+
+    def published(self, vhost: str, route: Route, size: int) -> None:
+        """A publish routed to ``route`` was relayed (or a transaction committed)."""
+        now = self._monotonic()
+        for queue in route:
+            key = (vhost, queue)
+            self.depth.add(key, 1, size, now)
+            self._observe(key)
+
+    def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
+        """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
+        key = (vhost, queue)
+        self.depth.add(key, -messages, -size, self._monotonic())
+        self._observe(key)
+
+    def purged(self, vhost: str, queue: str, count: int) -> None:
+        """RabbitMQ purged ``count`` ready messages."""
+        key = (vhost, queue)
+        self.depth.purge(key, count, self._monotonic())
+        self._observe(key)
+
+    def reconcile(
+        self,
+        vhost: str,
+        queue: str,
+        *,
+        messages: int,
+        size: int | None,
+        seen_version: int,
+        settle: float,
+    ) -> None:
+        """Adopt RabbitMQ's count for a queue the gateway left alone meanwhile."""
+        key = (vhost, queue)
+        if self.depth.reconcile(
+            key,
+            messages=messages,
+            size=size,
+            seen_version=seen_version,
+            now=self._monotonic(),
+            settle=settle,
+        ):
+            self._observe(key)
+
+    # -- snapshots -----------------------------------------------------------
+
+    def queue_keys(self) -> list[QueueKey]:
+        """Every queue the gateway knows, sorted."""
+        return sorted(set(self._queue_args) | set(self.depth))
+
+    def blocked_channels(self) -> list[BlockedChannel]:
+        """Every flowed channel of every connection."""
+        return [c for conn in self._connections.values() for c in conn.blocked_channels()]
+
+    def snapshot(self, vhost: str, name: str) -> QueueSnapshot:
+        """The admin API view of one queue."""
+        key = (vhost, name)
+        machine = self.flow(key)
+        depth = self.depth.get(key)
+        blocked = tuple(
+            c
+            for c in self.blocked_channels()
+            if c.vhost == vhost and (name in c.blocked_on or ALL_QUEUES in c.blocked_on)
+        )
+        return QueueSnapshot(
+            vhost=vhost,
+            name=name,
+            messages=depth.messages,
+            bytes=depth.bytes,
+            thresholds=machine.thresholds,
+            source=self._sources.get(key, "none"),
+            flow_stopped=machine.stopped,
+            flow_stopped_count=machine.flow_stopped_count,
+            blocked_channels=blocked,
+        )
+
+    def snapshots(self) -> list[QueueSnapshot]:
+        """The admin API view of every known queue."""
+        return [self.snapshot(vhost, name) for vhost, name in self.queue_keys()]

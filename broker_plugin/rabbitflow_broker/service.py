@@ -1,0 +1,244 @@
+"""The running gateway: AMQP listener, admin API and background loops.
+
+:class:`GatewayService` wires a :class:`~rabbitflow_broker.gateway.Gateway`
+to the world: it accepts AMQP clients (one :class:`~rabbitflow_broker.relay.Relay`
+each), serves the admin API, keeps the routing mirror fresh from the
+management API and reconciles queue depths with RabbitMQ's counts.
+
+:class:`EventSink` writes each event as one console line (structlog) and
+one JSON line in ``--event-log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import IO, Any
+
+import structlog
+from aiohttp import web
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import Event
+from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.persistence import (
+    FileThresholdStore,
+    PersistenceError,
+    RabbitMQThresholdStore,
+    ThresholdStore,
+)
+from rabbitflow_broker.relay import Relay
+from rabbitflow_broker.routing import RoutingError, RoutingTable
+from rabbitflow_broker.upstream import ManagementClient, ManagementError
+
+__all__ = ["EventSink", "GatewayService"]
+
+_log = structlog.get_logger("rabbitflow.broker")
+_events_log = structlog.get_logger("rabbitflow.broker.events")
+
+# RabbitMQ's statistics (message_bytes) are collected every 5 s by default;
+# bytes are adopted only for queues quiet for longer than that.
+_STATS_SETTLE_S = 12.0
+
+
+class EventSink:
+    """Console line + JSON event log for every event; callable."""
+
+    def __init__(self, event_log: str | None) -> None:
+        self._file: IO[str] | None = (
+            open(event_log, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the sink
+            if event_log
+            else None
+        )
+
+    def __call__(self, event: Event) -> None:
+        record = event.to_record()
+        _events_log.info(event.line(), code=event.code)
+        if self._file is not None:
+            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the event log."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _policy(item: Mapping[str, Any]) -> Mapping[str, object]:
+    policy = item.get("effective_policy_definition")
+    return policy if isinstance(policy, Mapping) else {}
+
+
+def _arguments(item: Mapping[str, Any]) -> Mapping[str, object]:
+    arguments = item.get("arguments")
+    return arguments if isinstance(arguments, Mapping) else {}
+
+
+class GatewayService:
+    """Start with ``await start()``, stop with ``await stop()``."""
+
+    def __init__(self, config: GatewayConfig, *, sink: EventSink | None = None) -> None:
+        self.config = config
+        self.sink = sink if sink is not None else EventSink(config.event_log)
+        self.gateway = Gateway(config, sink=self.sink)
+        user, password = config.management_credentials
+        self.management = ManagementClient(config.management_base, user, password)
+        self.store: ThresholdStore = (
+            FileThresholdStore(config.state_file)
+            if config.state_file
+            else RabbitMQThresholdStore(self.management)
+        )
+        self._server: asyncio.Server | None = None
+        self._admin: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._relays: set[asyncio.Task[None]] = set()
+        self.port = 0
+        self.admin_port = 0
+
+    async def start(self) -> None:
+        """Load state, snapshot RabbitMQ, start listening.
+
+        Raises:
+            OSError: a listen address cannot be bound.
+        """
+        try:
+            self.gateway.load_runtime_thresholds(await self.store.load())
+        except PersistenceError as exc:
+            _log.warning("runtime thresholds not loaded", error=str(exc))
+        await self.refresh_routing()
+        await self.reconcile_once()
+        host, port = self.config.listen_address
+        self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
+        self.port = self._server.sockets[0].getsockname()[1]
+        from rabbitflow_broker.admin import create_app
+
+        self._admin = web.AppRunner(create_app(self), access_log=None)
+        await self._admin.setup()
+        admin_host, admin_port = self.config.admin_address
+        site = web.TCPSite(self._admin, admin_host, admin_port)
+        await site.start()
+        addresses = self._admin.addresses
+        self.admin_port = int(addresses[0][1]) if addresses else admin_port
+        self._tasks = [
+            asyncio.create_task(self._routing_loop(), name="routing-refresh"),
+            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+        ]
+        _log.info(
+            "gateway listening",
+            listen=f"{host}:{self.port}",
+            upstream=self.config.upstream,
+            admin=f"{admin_host}:{self.admin_port}",
+        )
+
+    async def stop(self) -> None:
+        """Close the listener, every relayed connection and the admin API."""
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._relays):
+            task.cancel()
+        for task in [*self._tasks, *self._relays]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+        if self._admin is not None:
+            await self._admin.cleanup()
+        await self.management.close()
+        self.sink.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
+        try:
+            await Relay(self.gateway, reader, writer).run()
+        except Exception:
+            _log.exception("relay failed")
+            writer.close()
+        finally:
+            self._relays.discard(task)
+
+    # -- management-API loops --------------------------------------------------
+
+    async def refresh_routing(self) -> None:
+        """Swap in a fresh routing snapshot unless relayed changes raced it."""
+        version = self.gateway.routing_version
+        try:
+            exchanges, queues, bindings, policies = await self.management.routing_items()
+            table = RoutingTable.from_management(exchanges, queues, bindings, policies)
+        except (ManagementError, RoutingError) as exc:
+            _log.warning("routing snapshot failed", error=str(exc))
+            return
+        if self.gateway.routing_version == version:
+            self.gateway.routing.replace(table)
+        for item in queues:
+            self.gateway.queue_seen(
+                str(item["vhost"]), str(item["name"]), _arguments(item), _policy(item)
+            )
+
+    async def reconcile_once(self) -> None:
+        """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile."""
+        gateway = self.gateway
+        versions = {key: gateway.depth.version(key) for key in gateway.queue_keys()}
+        try:
+            totals = await self.management.queue_totals()
+            stats = await self.management.queue_bytes()
+        except ManagementError as exc:
+            _log.warning("depth reconciliation failed", error=str(exc))
+            return
+        settle = self.config.reconcile_interval / 1000
+        seen: set[tuple[str, str]] = set()
+        for item in totals:
+            key = (str(item["vhost"]), str(item["name"]))
+            seen.add(key)
+            messages = item.get("messages")
+            if not isinstance(messages, int):
+                continue
+            if not gateway.knows_queue(*key):
+                gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
+            seen_version = versions.get(key, gateway.depth.version(key))
+            gateway.reconcile(
+                key[0],
+                key[1],
+                messages=messages,
+                size=None,
+                seen_version=seen_version,
+                settle=settle,
+            )
+            stat = stats.get(key)
+            if stat is not None and stat[0] == messages:
+                gateway.reconcile(
+                    key[0],
+                    key[1],
+                    messages=messages,
+                    size=stat[1],
+                    seen_version=seen_version,
+                    settle=_STATS_SETTLE_S,
+                )
+        for key, version in versions.items():
+            if key not in seen and gateway.depth.version(key) == version:
+                gateway.queue_deleted(*key)
+                with contextlib.suppress(RoutingError):
+                    gateway.routing.delete_queue(*key)
+
+    async def _routing_loop(self) -> None:
+        interval = self.config.routing_refresh_interval / 1000
+        if not interval:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            await self.refresh_routing()
+
+    async def _reconcile_loop(self) -> None:
+        interval = self.config.reconcile_interval / 1000
+        if not interval:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            await self.reconcile_once()

@@ -1,0 +1,166 @@
+"""Client of RabbitMQ's management HTTP API (aiohttp).
+
+The gateway asks RabbitMQ for:
+
+* the routing snapshot (``/api/exchanges``, ``/api/queues``,
+  ``/api/bindings``, ``/api/policies``) at start and periodically;
+* queue totals (``/api/queues?disable_stats=true&enable_queue_totals=true``,
+  current to milliseconds: ``messages`` = ready + unacknowledged);
+* queue bytes (``message_bytes`` from the statistics, seconds old);
+* global runtime parameters, where runtime thresholds are kept.
+
+Raises :class:`ManagementError` for HTTP errors and unreachable servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+__all__ = ["ManagementClient", "ManagementError"]
+
+_Items = list[Mapping[str, Any]]
+_TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+class ManagementError(Exception):
+    """The management API failed or answered with an error status."""
+
+
+def _q(value: str) -> str:
+    return quote(value, safe="")
+
+
+class ManagementClient:
+    """Async management-API client; ``await close()`` when done."""
+
+    def __init__(self, base_url: str, user: str, password: str) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._auth = aiohttp.BasicAuth(user, password)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(auth=self._auth, timeout=_TIMEOUT)
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, body: object | None = None) -> Any:
+        url = self.base_url + path
+        try:
+            async with self._client().request(method, url, json=body) as response:
+                if response.status == 404 and method == "GET":
+                    return None
+                if response.status >= 400:
+                    text = await response.text()
+                    raise ManagementError(f"{method} {path}: HTTP {response.status} {text[:200]}")
+                if response.status == 204 or response.content_length == 0:
+                    return None
+                return await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ManagementError(f"{method} {path}: {exc}") from exc
+
+    async def get(self, path: str) -> Any:
+        """GET a JSON resource (None for 404).
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        return await self._request("GET", path)
+
+    async def routing_items(
+        self,
+    ) -> tuple[
+        list[Mapping[str, Any]],
+        list[Mapping[str, Any]],
+        list[Mapping[str, Any]],
+        list[Mapping[str, Any]],
+    ]:
+        """Exchanges, queues, bindings and policies of every vhost.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        exchanges = await self.get("/api/exchanges?disable_stats=true") or []
+        queues = await self.get("/api/queues?disable_stats=true") or []
+        bindings = await self.get("/api/bindings") or []
+        policies = await self.get("/api/policies") or []
+        return exchanges, queues, bindings, policies
+
+    async def queue_totals(self) -> list[Mapping[str, Any]]:
+        """Every queue with ``messages`` (ready + unacked), current to milliseconds.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        items = await self.get("/api/queues?disable_stats=true&enable_queue_totals=true")
+        return list(items or [])
+
+    async def queue_bytes(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(vhost, name) -> (messages, message_bytes) from the statistics.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        items = await self.get("/api/queues?columns=vhost,name,messages,message_bytes") or []
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for item in items:
+            messages, size = item.get("messages"), item.get("message_bytes")
+            if isinstance(messages, int) and isinstance(size, int):
+                out[(str(item["vhost"]), str(item["name"]))] = (messages, size)
+        return out
+
+    async def queue(self, vhost: str, name: str) -> Mapping[str, Any] | None:
+        """One queue, or None when it does not exist.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        item = await self.get(f"/api/queues/{_q(vhost)}/{_q(name)}?disable_stats=true")
+        return item if isinstance(item, Mapping) else None
+
+    async def global_parameters(self, prefix: str) -> list[Mapping[str, Any]]:
+        """Global runtime parameters whose name starts with ``prefix``.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        items = await self.get("/api/global-parameters") or []
+        return [i for i in items if str(i.get("name", "")).startswith(prefix)]
+
+    async def put_global_parameter(self, name: str, value: object) -> None:
+        """Create or replace a global runtime parameter.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        await self._request(
+            "PUT", f"/api/global-parameters/{_q(name)}", {"name": name, "value": value}
+        )
+
+    async def delete_global_parameter(self, name: str) -> None:
+        """Delete a global runtime parameter (absent is fine).
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        try:
+            await self._request("DELETE", f"/api/global-parameters/{_q(name)}")
+        except ManagementError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+
+
+def queue_items_by_key(
+    items: Sequence[Mapping[str, Any]],
+) -> dict[tuple[str, str], Mapping[str, Any]]:
+    """Index management queue items by (vhost, name)."""
+    return {(str(i["vhost"]), str(i["name"])): i for i in items}
