@@ -320,7 +320,7 @@ class Relay:
         else:
             reply = f"{_reply_text(exc.code)} - {exc.text}"[:255]
             self._cwriter.write(encode_method(0, commands.Connection.Close(exc.code, reply, 0, 0)))
-        if self._uwriter is not None:
+        if self._uwriter is not None and exc.code != 0:
             with contextlib.suppress(Exception):
                 self._uwriter.write(
                     encode_method(0, commands.Connection.Close(200, "client protocol error", 0, 0))

@@ -47,16 +47,15 @@ class EventSink:
     """Console line + JSON event log for every event; callable."""
 
     def __init__(self, event_log: str | None) -> None:
-        self._file: IO[str] | None = (
-            open(event_log, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the sink
-            if event_log
-            else None
-        )
+        self._path = event_log
+        self._file: IO[str] | None = None
 
     def __call__(self, event: Event) -> None:
         record = event.to_record()
         _events_log.info(event.line(), code=event.code)
-        if self._file is not None:
+        if self._path is not None:
+            if self._file is None:
+                self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
 
@@ -83,6 +82,7 @@ class GatewayService:
     def __init__(self, config: GatewayConfig, *, sink: EventSink | None = None) -> None:
         self.config = config
         self.sink = sink if sink is not None else EventSink(config.event_log)
+        self._owns_sink = sink is None
         self.gateway = Gateway(config, sink=self.sink)
         user, password = config.management_credentials
         self.management = ManagementClient(config.management_base, user, password)
@@ -150,7 +150,8 @@ class GatewayService:
         if self._admin is not None:
             await self._admin.cleanup()
         await self.management.close()
-        self.sink.close()
+        if self._owns_sink:
+            self.sink.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

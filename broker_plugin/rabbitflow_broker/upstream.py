@@ -14,6 +14,7 @@ Raises :class:`ManagementError` for HTTP errors and unreachable servers.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -39,12 +40,13 @@ class ManagementClient:
 
     def __init__(self, base_url: str, user: str, password: str) -> None:
         self.base_url = base_url.rstrip("/")
-        self._auth = aiohttp.BasicAuth(user, password)
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        self._headers = {"Authorization": f"Basic {token}"}
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(auth=self._auth, timeout=_TIMEOUT)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=_TIMEOUT)
         return self._session
 
     async def close(self) -> None:
