@@ -7,7 +7,8 @@ the wire say, not against the SDK's own account of it.
 - :func:`wait_until` polls a condition with a deadline.
 - :func:`declare_queue`, :func:`publish_bodies`, :func:`ready_count`,
   :func:`drain` set up and inspect queues.
-- :class:`QueueCollector` consumes a queue on a background thread.
+- :class:`QueueCollector` consumes a queue on a background thread;
+  :class:`Sender` sends numbered messages through the SDK on one.
 - :func:`set_memory_alarm` / :func:`clear_memory_alarm` drive a throwaway
   node's memory alarm; :func:`memory_alarm_active` reads it back.
 - :class:`AmqpTap` is a TCP proxy that records the AMQP method frames
@@ -184,6 +185,46 @@ class QueueCollector:
             finally:
                 with contextlib.suppress(Exception):
                     connection.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+class Sender(threading.Thread):
+    """Sends text messages numbered ``numbers`` on a thread, counting the sends that returned.
+
+    ``before_send(n)`` (optional) runs before each send, e.g. to pace the
+    stream.  A raised exception ends the thread and is kept in ``error``.
+    """
+
+    def __init__(
+        self,
+        producer: Any,
+        session: Any,
+        numbers: Iterable[int],
+        before_send: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__(name="sender", daemon=True)
+        self._producer = producer
+        self._session = session
+        self._numbers = list(numbers)
+        self._before_send = before_send
+        self._lock = threading.Lock()
+        self._returned = 0
+        self.error: BaseException | None = None
+
+    @property
+    def returned(self) -> int:
+        with self._lock:
+            return self._returned
+
+    def run(self) -> None:
+        try:
+            for n in self._numbers:
+                if self._before_send is not None:
+                    self._before_send(n)
+                self._producer.send(self._session.create_text_message(str(n)))
+                with self._lock:
+                    self._returned += 1
         except BaseException as exc:
             self.error = exc
 

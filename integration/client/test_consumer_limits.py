@@ -1,0 +1,140 @@
+"""Open MQ consumer flow limits, observed on the wire (issue 2, item 4).
+
+The SDK connects through an :class:`AmqpTap`, which counts every delivery
+the broker sends before the SDK can see it.  Listeners count the messages
+they have finished.  "Delivered but unprocessed" is the difference, sampled
+at every delivery, so the figure does not depend on the SDK's own account.
+A refill is the run of deliveries between two client method frames (the
+ack or other request that asked for it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import rabbitflow
+
+from ..conftest import Broker
+from ._support import (
+    AmqpTap,
+    WireEvent,
+    declare_queue,
+    delivery_batches,
+    publish_bodies,
+    wait_until,
+)
+
+WORK_S = 0.005  # a slow listener: 5 ms of "work" per message
+
+
+@dataclass
+class Ledger:
+    """Deliveries seen on the wire against messages the listeners finished."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    delivered: int = 0
+    processed: int = 0
+    peak: int = 0
+    per_consumer: dict[str, int] = field(default_factory=dict)
+
+    def on_wire(self, event: WireEvent) -> None:
+        if event.is_delivery:
+            with self.lock:
+                self.delivered += 1
+                self.peak = max(self.peak, self.delivered - self.processed)
+
+    def listener(self, name: str) -> Callable[[Any], None]:
+        def on_message(_message: Any) -> None:
+            time.sleep(WORK_S)
+            with self.lock:
+                self.processed += 1
+                self.per_consumer[name] = self.per_consumer.get(name, 0) + 1
+
+        return on_message
+
+    def done(self, total: int) -> bool:
+        with self.lock:
+            return self.processed >= total
+
+
+def _preload(url: str, queue: str, count: int) -> None:
+    declare_queue(url, queue)
+    publish_bodies(url, queue, (str(n).encode() for n in range(1, count + 1)))
+
+
+def _consume(
+    url: str, queues: list[str], properties: dict[str, Any], total: int
+) -> tuple[Ledger, list[WireEvent]]:
+    ledger = Ledger()
+    with AmqpTap(url, on_event=ledger.on_wire) as tap:
+        factory = rabbitflow.ConnectionFactory(tap.url, properties=properties)
+        with factory.create_connection() as connection:
+            for queue in queues:
+                session = connection.create_session()
+                consumer = session.create_consumer(session.create_queue(queue))
+                consumer.set_message_listener(ledger.listener(queue))
+            connection.start()
+            wait_until(lambda: ledger.done(total), 120, f"{total} messages processed")
+        return ledger, tap.events()
+
+
+def test_slow_listener_never_has_more_than_the_consumer_limit_unprocessed(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("climit")
+    cleanup_queues.append(queue)
+    _preload(broker.url, queue, 200)
+
+    ledger, _events = _consume(
+        broker.url,
+        [queue],
+        {"imqConsumerFlowLimit": 10, "imqConsumerFlowThreshold": 50},
+        200,
+    )
+
+    assert ledger.delivered == 200
+    assert ledger.peak <= 10, f"{ledger.peak} delivered but unprocessed"
+
+
+def test_slow_listener_is_refilled_in_batches_of_half_to_all_of_the_limit(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("cbatch")
+    cleanup_queues.append(queue)
+    _preload(broker.url, queue, 200)
+
+    _ledger, events = _consume(
+        broker.url,
+        [queue],
+        {"imqConsumerFlowLimit": 10, "imqConsumerFlowThreshold": 50},
+        200,
+    )
+
+    batches = delivery_batches(events)
+    assert sum(batches) == 200
+    assert max(batches) <= 10, batches
+    # The last refill may be short: the queue ran out.
+    assert all(5 <= size <= 10 for size in batches[:-1]), batches
+
+
+def test_connection_limit_caps_what_all_consumers_have_buffered(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queues = [unique_name(f"conn{i}") for i in range(3)]
+    cleanup_queues.extend(queues)
+    for queue in queues:
+        _preload(broker.url, queue, 60)
+
+    ledger, _events = _consume(
+        broker.url,
+        queues,
+        {"imqConnectionFlowLimitEnabled": "true", "imqConnectionFlowLimit": 12},
+        180,
+    )
+
+    assert ledger.per_consumer == dict.fromkeys(queues, 60)
+    assert ledger.peak <= 12, f"{ledger.peak} delivered but unprocessed on the connection"
