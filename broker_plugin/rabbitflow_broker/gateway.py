@@ -140,6 +140,8 @@ class Gateway:
         self._next_connection = 0
         #: vhosts whose producers are all blocked (store quota, admin stop).
         self.blocked_vhosts: set[str] = set()
+        #: Called with a queue whose runtime thresholds went with the queue.
+        self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
         self.routing_version = 0
 
@@ -266,7 +268,8 @@ class Gateway:
         """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
         key = (vhost, name)
         self._queue_args.pop(key, None)
-        self._runtime.pop(key, None)
+        if self._runtime.pop(key, None) is not None:
+            self.runtime_forgotten(key)
         self.depth.forget(key)
         machine = self._flows.pop(key, None)
         self._sources.pop(key, None)

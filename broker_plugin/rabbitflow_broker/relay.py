@@ -248,14 +248,17 @@ class Relay:
                     await task
         finally:
             self.gateway.unregister(self)
-            self._close_transports()
-            if any(ch.blockers for ch in self._channels.values()):
-                self._channels.clear()
+            self._channels.clear()
+            await self._close_transports()
 
-    def _close_transports(self) -> None:
-        for writer in (self._cwriter, self._uwriter):
-            if writer is not None and not writer.is_closing():
+    async def _close_transports(self) -> None:
+        writers = [w for w in (self._cwriter, self._uwriter) if w is not None]
+        for writer in writers:
+            if not writer.is_closing():
                 writer.close()
+        for writer in writers:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE_S)
 
     async def _client_loop(self) -> None:
         assert self._uwriter is not None

@@ -91,10 +91,13 @@ class GatewayService:
             if config.state_file
             else RabbitMQThresholdStore(self.management)
         )
+        self.gateway.runtime_forgotten = self._forget_runtime
         self._server: asyncio.Server | None = None
         self._admin: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._relays: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._last_totals: dict[tuple[str, str], tuple[int, int]] = {}
         self.port = 0
         self.admin_port = 0
 
@@ -109,7 +112,7 @@ class GatewayService:
         except PersistenceError as exc:
             _log.warning("runtime thresholds not loaded", error=str(exc))
         await self.refresh_routing()
-        await self.reconcile_once()
+        await self.reconcile_once(initial=True)
         host, port = self.config.listen_address
         self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -153,6 +156,17 @@ class GatewayService:
         if self._owns_sink:
             self.sink.close()
 
+    def _forget_runtime(self, key: tuple[str, str]) -> None:
+        async def forget() -> None:
+            try:
+                await self.store.save(key, None)
+            except PersistenceError as exc:
+                _log.warning("stored thresholds not removed", queue=key[1], error=str(exc))
+
+        task = asyncio.get_running_loop().create_task(forget())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -183,7 +197,7 @@ class GatewayService:
                 str(item["vhost"]), str(item["name"]), _arguments(item), _policy(item)
             )
 
-    async def reconcile_once(self) -> None:
+    async def reconcile_once(self, *, initial: bool = False) -> None:
         """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile."""
         gateway = self.gateway
         versions = {key: gateway.depth.version(key) for key in gateway.queue_keys()}
@@ -204,6 +218,13 @@ class GatewayService:
             if not gateway.knows_queue(*key):
                 gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
             seen_version = versions.get(key, gateway.depth.version(key))
+            # Adopt only a count RabbitMQ reported twice in a row while the
+            # gateway changed nothing: a publish still in flight upstream
+            # cannot look like bypass traffic then.
+            previous = self._last_totals.get(key)
+            self._last_totals[key] = (messages, seen_version)
+            if previous != (messages, seen_version) and not initial:
+                continue
             gateway.reconcile(
                 key[0],
                 key[1],
@@ -222,6 +243,9 @@ class GatewayService:
                     seen_version=seen_version,
                     settle=_STATS_SETTLE_S,
                 )
+        for key in list(self._last_totals):
+            if key not in seen:
+                del self._last_totals[key]
         for key, version in versions.items():
             if key not in seen and gateway.depth.version(key) == version:
                 gateway.queue_deleted(*key)

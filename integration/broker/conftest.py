@@ -163,9 +163,7 @@ class RunningGateway:
 
 
 @pytest.fixture
-def gateway_factory(
-    broker: Broker, tmp_path: Path
-) -> Iterator[Callable[..., RunningGateway]]:
+def gateway_factory(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., RunningGateway]]:
     started: list[RunningGateway] = []
 
     def make(**options: Any) -> RunningGateway:

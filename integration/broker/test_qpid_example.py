@@ -75,10 +75,12 @@ def test_two_producers_block_at_stop_and_resume_below_resume(
         producer.start()
 
     blocked = wait_for(
-        lambda: (q := gateway.queue(queue))["flowStopped"]
-        and len(q["blockedChannels"]) == 2
-        and all(p.flowed for p in producers)
-        and q,
+        lambda: (
+            (q := gateway.queue(queue))["flowStopped"]
+            and len(q["blockedChannels"]) == 2
+            and all(p.flowed for p in producers)
+            and q
+        ),
         what="both producers flowed",
     )
     assert STOP < blocked["messages"] <= STOP + sum(CAPACITIES.values())

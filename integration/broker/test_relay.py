@@ -116,7 +116,7 @@ def test_bad_frame_closes_only_that_connection(
     assert data[:1] == b"\x01"
     assert struct.unpack(">HHH", data[7:13]) == (10, 50, 501)
     channel.basic_publish("", queue, b"still fine")
-    method, _props, body = channel.basic_get(queue, auto_ack=True)
+    _method, _props, body = channel.basic_get(queue, auto_ack=True)
     healthy.close()
     assert body == b"still fine"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
@@ -30,11 +30,11 @@ def _consume_and_ack(channel: BlockingChannel, queue: str, count: int) -> None:
     """Take ``count`` messages from the head of the queue and ack them in one go."""
     channel.basic_qos(prefetch_count=count)
     last = 0
-    taken = 0
-    for method, _props, _body in channel.consume(queue, inactivity_timeout=10):
-        assert method is not None, f"only {taken} of {count} deliveries arrived"
+    for taken, (method, _props, _body) in enumerate(
+        channel.consume(queue, inactivity_timeout=10), start=1
+    ):
+        assert method is not None, f"only {taken - 1} of {count} deliveries arrived"
         last = method.delivery_tag
-        taken += 1
         if taken == count:
             break
     channel.basic_ack(last, multiple=True)
@@ -51,12 +51,14 @@ def _at(gateway: RunningGateway, queue: str, messages: int, size: int) -> dict[s
 @pytest.fixture
 def both_queue(
     gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
-) -> tuple[str, BlockingChannel]:
+) -> Iterator[tuple[str, BlockingChannel]]:
     queue = unique_name("both")
     cleanup_queues.append(queue)
-    channel = gateway.connect().channel()
+    connection = gateway.connect()
+    channel = connection.channel()
     channel.queue_declare(queue, arguments=BOTH)
-    return queue, channel
+    yield queue, channel
+    connection.close()
 
 
 def test_count_over_stop_turns_flow_on(
@@ -248,9 +250,10 @@ def test_bad_threshold_is_refused_with_406_naming_it(
     assert named in caught.value.reply_text
 
     # Nothing reached RabbitMQ, and everyone else carries on.
-    probe = gateway.connect().channel()
+    probe = gateway.connect()
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as missing:
-        probe.queue_declare(name, passive=True)
+        probe.channel().queue_declare(name, passive=True)
+    probe.close()
     assert missing.value.reply_code == 404
     sibling.basic_publish("", other_queue, b"sibling")
     again = connection.channel()
