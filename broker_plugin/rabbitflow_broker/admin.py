@@ -56,12 +56,10 @@ async def _known(service: GatewayService, vhost: str, name: str) -> bool:
         return False
     arguments = item.get("arguments")
     policy = item.get("effective_policy_definition")
-    gateway.queue_seen(
-        vhost,
-        name,
-        arguments if isinstance(arguments, dict) else {},
-        policy if isinstance(policy, dict) else {},
-    )
+    arguments = arguments if isinstance(arguments, dict) else {}
+    gateway.queue_seen(vhost, name, arguments, policy if isinstance(policy, dict) else {})
+    if not gateway.routing.has_queue(vhost, name):
+        gateway.routing.declare_queue(vhost, name, arguments)
     return True
 
 

@@ -124,8 +124,6 @@ class _Channel:
     publisher: bool = False
     # The gateway closed it towards the client: drop client frames until CloseOk.
     closed_by_gateway: bool = False
-    # The gateway closed it upstream: swallow upstream frames until CloseOk.
-    closing_upstream: bool = False
 
 
 class Relay:
@@ -156,6 +154,9 @@ class Relay:
         self._to_client: list[bytes] = []  # injected in order while handling an upstream chunk
         self._to_upstream: list[bytes] = []
         self._deferred: list[tuple[int, bytes]] = []
+        # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
+        # frames of a client that reopens the number meanwhile wait here.
+        self._upstream_closing: dict[int, list[bytes]] = {}
         self._in_upstream_chunk = False
         self._closing = False
         self._log = _log.bind(
@@ -393,7 +394,9 @@ class Relay:
         channel = self._channels.get(channel_no) if channel_no else None
         if kind == FRAME_BODY:
             self._client_content.body(channel_no, ref.end - ref.start - 8)
-            return channel is None or not channel.closed_by_gateway
+            if channel is not None and channel.closed_by_gateway:
+                return False
+            return self._stash(channel_no, buffer, ref)
         if kind == FRAME_HEADER:
             payload = ref.payload(buffer)
             if channel is not None and channel.publish is not None:
@@ -403,7 +406,9 @@ class Relay:
             else:
                 info = decode_content_header(payload, want_headers=False)
                 self._client_content.header(channel_no, info.body_size)
-            return channel is None or not channel.closed_by_gateway
+            if channel is not None and channel.closed_by_gateway:
+                return False
+            return self._stash(channel_no, buffer, ref)
         if kind != FRAME_METHOD:
             return True  # protocol header, heartbeat
         ids = method_id(buffer, ref)
@@ -421,9 +426,16 @@ class Relay:
                 f"channel {channel_no} is not open",
             )
         handler = self._client_handlers.get(ids)
-        if handler is None:
+        keep = True if handler is None else handler(channel, channel_no, ref.payload(buffer))
+        return self._stash(channel_no, buffer, ref) if keep else False
+
+    def _stash(self, channel_no: int, buffer: bytes, ref: FrameRef) -> bool:
+        """Hold a frame of a reopened channel until RabbitMQ finished closing it."""
+        stash = self._upstream_closing.get(channel_no) if channel_no else None
+        if stash is None:
             return True
-        return handler(channel, channel_no, ref.payload(buffer))
+        stash.append(buffer[ref.start : ref.end])
+        return False
 
     def _c_start_ok(self, _ch: _Channel | None, _n: int, payload: bytes) -> bool:
         method = decode_method(payload)
@@ -447,7 +459,7 @@ class Relay:
         return True
 
     def _c_channel_open(self, channel: _Channel | None, number: int, _p: bytes) -> bool:
-        if channel is not None and not channel.closing_upstream:
+        if channel is not None:
             raise FrameError(504, f"channel {number} already open")
         self._channels[number] = _Channel(number)
         return True
@@ -495,7 +507,7 @@ class Relay:
             encode_method(number, commands.Channel.Close(200, "closed by gateway", 0, 0))
         )
         channel.closed_by_gateway = True
-        channel.closing_upstream = True
+        self._upstream_closing[number] = []
         channel.deliveries.requeue_all()
 
     def _c_sync(self, channel: _Channel | None, number: int, payload: bytes) -> bool:
@@ -582,10 +594,12 @@ class Relay:
     def _upstream_frame(self, buffer: bytes, ref: FrameRef) -> bool:
         kind = ref.kind
         channel_no = ref.channel
+        if channel_no in self._upstream_closing:
+            return self._upstream_closing_frame(buffer, ref)
         channel = self._channels.get(channel_no) if channel_no else None
         if kind == FRAME_BODY:
             self._upstream_content.body(channel_no, ref.end - ref.start - 8)
-            return channel is None or not channel.closing_upstream
+            return True
         if kind == FRAME_HEADER:
             info = decode_content_header(ref.payload(buffer), want_headers=False)
             self._upstream_content.header(channel_no, info.body_size)
@@ -596,21 +610,32 @@ class Relay:
                     self.gateway.removed(self.vhost, queue, 1, info.body_size)
                 else:
                     channel.deliveries.delivered(tag, queue, info.body_size)
-            return channel is None or not channel.closing_upstream
+            return True
         if kind != FRAME_METHOD:
             return True
         ids = method_id(buffer, ref)
         self._upstream_content.method(channel_no, ids)
-        if channel is not None and channel.closing_upstream:
-            if ids == (20, 41):
-                channel.closing_upstream = False
-                if not channel.closed_by_gateway:
-                    self._forget_channel(channel_no)
-            return False
         handler = self._upstream_handlers.get(ids)
         if handler is None or (channel_no and channel is None):
             return True
         return handler(channel, channel_no, ref.payload(buffer))
+
+    def _upstream_closing_frame(self, buffer: bytes, ref: FrameRef) -> bool:
+        """Swallow what RabbitMQ still sends on a channel the gateway closed."""
+        channel_no = ref.channel
+        if ref.kind == FRAME_BODY:
+            self._upstream_content.body(channel_no, ref.end - ref.start - 8)
+        elif ref.kind == FRAME_HEADER:
+            info = decode_content_header(ref.payload(buffer), want_headers=False)
+            self._upstream_content.header(channel_no, info.body_size)
+        elif ref.kind == FRAME_METHOD:
+            ids = method_id(buffer, ref)
+            self._upstream_content.method(channel_no, ids)
+            if ids == (20, 41):
+                stash = self._upstream_closing.pop(channel_no)
+                if stash and self._uwriter is not None:
+                    self._uwriter.write(b"".join(stash))
+        return False
 
     def _u_channel_close(self, channel: _Channel | None, number: int, _p: bytes) -> bool:
         if channel is not None:
@@ -832,7 +857,7 @@ class Relay:
         blocked = gateway.route_blocker(vhost)
         vhost_blocked = vhost in gateway.blocked_vhosts
         for channel in list(self._channels.values()):
-            if channel.closed_by_gateway or channel.closing_upstream:
+            if channel.closed_by_gateway or channel.number in self._upstream_closing:
                 continue
             number = channel.number
             if channel.confirm is not None and channel.confirm.held:

@@ -217,6 +217,8 @@ class GatewayService:
                 continue
             if not gateway.knows_queue(*key):
                 gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
+                if not gateway.routing.has_queue(*key):
+                    gateway.routing.declare_queue(key[0], key[1], _arguments(item))
             seen_version = versions.get(key, gateway.depth.version(key))
             # Adopt only a count RabbitMQ reported twice in a row while the
             # gateway changed nothing: a publish still in flight upstream

@@ -267,3 +267,21 @@ def test_bad_threshold_is_refused_with_406_naming_it(
     assert sorted(got) == [b"bystander", b"reopened", b"sibling"]
     connection.close()
     bystander.close()
+
+
+def test_refused_channel_number_can_be_reopened_at_once(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    good = unique_name("reopen")
+    cleanup_queues.append(good)
+    connection = gateway.connect()
+    refused = connection.channel(channel_number=7)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        refused.queue_declare(unique_name("bad"), arguments={"qpid.flow_stop_count": -1})
+    reopened = connection.channel(channel_number=7)
+    reopened.queue_declare(good)
+    reopened.basic_publish("", good, b"after reopen")
+    method, _props, body = reopened.basic_get(good, auto_ack=True)
+    connection.close()
+    assert method is not None
+    assert body == b"after reopen"
