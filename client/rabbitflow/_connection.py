@@ -1,0 +1,501 @@
+"""ConnectionFactory and Connection: the broker connection, its recovery,
+connection-wide events (blocked / lost) and consumer flow accounting."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import tenacity
+
+from . import _system
+from ._consumer import MessageConsumer
+from ._consumer_flow import (
+    ConnectionFlow,
+    ConsumerFlowStats,
+    FlowAction,
+    SetPrefetch,
+    StartConsuming,
+)
+from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
+from ._flow import GateEvent
+from ._log import get_logger
+from ._producer import MessageProducer
+from ._properties import ClientConfig, default_url
+from ._session import AUTO_ACKNOWLEDGE, Session
+from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
+
+__all__ = ["Connection", "ConnectionFactory", "ExceptionListener"]
+
+_log = get_logger()
+ExceptionListener = Callable[[JMSException], None]
+
+
+class TransportFactory(Protocol):
+    """Builds the transport of a connection (a fake one in unit tests)."""
+
+    def __call__(
+        self, url: str, listener: TransportListener, *, heartbeat: int, name: str
+    ) -> PikaTransport:
+        """A transport that is not yet connected."""
+        ...
+
+
+def _pika_transport(
+    url: str, listener: TransportListener, *, heartbeat: int, name: str
+) -> PikaTransport:
+    return PikaTransport(url, listener, heartbeat=heartbeat, name=name)
+
+
+def reconnect_strategy(
+    config: ClientConfig, *, sleep: Callable[[float], None] = time.sleep
+) -> tenacity.Retrying:
+    """The reconnection retry policy, built from configuration (one place).
+
+    Up to ``rabbitflow.reconnect_attempts`` attempts within
+    ``rabbitflow.reconnect_timeout`` ms, exponential backoff with jitter from
+    ``rabbitflow.reconnect_initial_delay`` to ``rabbitflow.reconnect_max_delay``.
+    """
+    return tenacity.Retrying(
+        stop=(
+            tenacity.stop_after_attempt(max(config.reconnect_attempts, 1))
+            | tenacity.stop_after_delay(config.reconnect_timeout_ms / 1000)
+        ),
+        wait=tenacity.wait_exponential_jitter(
+            initial=config.reconnect_initial_delay_ms / 1000,
+            max=config.reconnect_max_delay_ms / 1000,
+            jitter=config.reconnect_initial_delay_ms / 1000,
+        ),
+        retry=tenacity.retry_if_exception_type(JMSException),
+        sleep=sleep,
+        reraise=True,
+    )
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    RECOVERING = "recovering"
+    FAILED = "failed"
+    CLOSED = "closed"
+
+
+class ConnectionFactory:
+    """Creates connections to one broker with one validated configuration.
+
+    ``url`` defaults to ``$RABBITFLOW_URL``, else
+    ``amqp://guest:guest@localhost:5672/%2F``.  ``properties`` override
+    ``rabbitflow.system_properties``, which override ``RABBITFLOW_OPTS``,
+    which override the defaults.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        properties: Mapping[str, Any] | None = None,
+        _transport_factory: TransportFactory | None = None,
+        _sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Validate the configuration.
+
+        Raises:
+            InvalidPropertyError: a property value is bad (the text names it).
+        """
+        self.url = url or default_url()
+        self.config = ClientConfig.resolve(
+            _system.environment_properties(), _system.explicit_system_properties(), properties
+        )
+        self._transport_factory = _transport_factory or _pika_transport
+        self._sleep = _sleep
+
+    def create_connection(self) -> Connection:
+        """Connect to the broker.
+
+        Raises:
+            ConnectionLostError: the broker cannot be reached.
+            BrokerError: authentication or access refused, bad URL.
+        """
+        return Connection(self.url, self.config, self._transport_factory, self._sleep)
+
+    def __repr__(self) -> str:
+        return f"ConnectionFactory({_redact(self.url)!r}, config={self.config!r})"
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = creds.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}"
+
+
+class Connection:
+    """A connection to the broker, recovered automatically when lost.
+
+    Created stopped (as in JMS): consumers receive nothing until ``start()``.
+    Use as a context manager to close it.  Thread-safe.
+    """
+
+    _names = iter(range(1, 1 << 62))
+
+    def __init__(
+        self,
+        url: str,
+        config: ClientConfig,
+        transport_factory: TransportFactory,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.url = url
+        self.config = config
+        self._transport_factory = transport_factory
+        self._sleep = sleep
+        self._name = f"rabbitflow-{next(self._names)}"
+        self._cond = threading.Condition(threading.RLock())
+        self._state = _State.OPEN
+        self._error: JMSException | None = None
+        self._started = False
+        self._listener: ExceptionListener | None = None
+        self._sessions: list[Session] = []
+        self._producers: list[MessageProducer] = []
+        self._consumers: dict[int, MessageConsumer] = {}
+        self._blocked: str | None = None
+        self._flow_lock = threading.Lock()
+        self._flow = ConnectionFlow(
+            config.connection_flow_limit if config.connection_flow_limit_enabled else None
+        )
+        self.reconnect_count = 0
+        self._transport = self._new_transport()
+        self._transport.connect()
+
+    def _new_transport(self) -> PikaTransport:
+        return self._transport_factory(
+            self.url, self, heartbeat=self.config.heartbeat_s, name=self._name
+        )
+
+    # ------------------------------------------------------------- public
+    @property
+    def started(self) -> bool:
+        """True between start() and stop()."""
+        return self._started
+
+    @property
+    def is_blocked(self) -> bool:
+        """True while the broker has blocked the connection (resource alarm)."""
+        return self._blocked is not None
+
+    @property
+    def buffered_count(self) -> int:
+        """Messages buffered for all consumers of this connection."""
+        with self._flow_lock:
+            return self._flow.buffered
+
+    def start(self) -> None:
+        """Start (or resume) delivery to consumers.
+
+        Raises:
+            IllegalStateError: the connection is closed.
+        """
+        self._check_not_closed()
+        self._started = True
+        for consumer in list(self._consumers.values()):
+            consumer._wake()
+
+    def stop(self) -> None:
+        """Pause delivery to consumers (receive() waits, listeners idle).
+
+        Raises:
+            IllegalStateError: the connection is closed.
+        """
+        self._check_not_closed()
+        self._started = False
+
+    def create_session(
+        self, transacted: bool = False, acknowledge_mode: int = AUTO_ACKNOWLEDGE
+    ) -> Session:
+        """A new session.
+
+        Raises:
+            IllegalStateError: the connection is closed.
+            InvalidPropertyError: unknown acknowledge_mode.
+        """
+        self._check_not_closed()
+        session = Session(self, transacted, acknowledge_mode)
+        with self._cond:
+            self._sessions.append(session)
+        return session
+
+    def set_exception_listener(self, listener: ExceptionListener | None) -> None:
+        """Call ``listener(error)`` when recovery gives up or the broker closes
+        a channel of this connection (from an internal thread)."""
+        self._listener = listener
+
+    def get_exception_listener(self) -> ExceptionListener | None:
+        """The exception listener."""
+        return self._listener
+
+    def close(self) -> None:
+        """Close sessions (producers wait for their confirms), then the connection.
+
+        Idempotent.
+
+        Raises:
+            JMSException: a producer could not get its sends confirmed (the
+                connection is closed anyway).
+        """
+        with self._cond:
+            if self._state is _State.CLOSED:
+                return
+            sessions = list(self._sessions)
+        errors: list[JMSException] = []
+        for session in sessions:
+            try:
+                session.close()
+            except JMSException as exc:
+                errors.append(exc)
+        with self._cond:
+            self._state = _State.CLOSED
+            self._cond.notify_all()
+        self._transport.close()
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self._name} {self._state.value} started={self._started}>"
+
+    # -------------------------------------------------- used by the layers
+    def _check_not_closed(self) -> None:
+        if self._state is _State.CLOSED:
+            raise IllegalStateError("connection is closed")
+
+    def _wait_usable(self) -> None:
+        """Return when the connection is open; wait while it recovers.
+
+        Raises:
+            IllegalStateError: closed.
+            ConnectionLostError: recovery gave up.
+        """
+        with self._cond:
+            while True:
+                if self._state is _State.OPEN:
+                    return
+                if self._state is _State.CLOSED:
+                    raise IllegalStateError("connection is closed")
+                if self._state is _State.FAILED:
+                    assert self._error is not None
+                    raise self._error
+                self._cond.wait(0.5)
+
+    def _recovering_or_lost(self) -> bool:
+        return self._state is _State.RECOVERING or self._transport.lost
+
+    def _open_channel(self, handler: ChannelHandler) -> TransportChannel:
+        return self._transport.open_channel(handler)
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        self._transport.post(fn)
+
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        self._transport.call_later(delay, fn)
+
+    def _report(self, error: JMSException) -> None:
+        listener = self._listener
+        if listener is not None:
+            try:
+                listener(error)
+            except Exception:
+                _log.exception("Exception listener raised")
+
+    def _register_producer(self, producer: MessageProducer) -> None:
+        with self._cond:
+            self._producers.append(producer)
+            blocked = self._blocked
+        if blocked is not None:
+            producer._gate(GateEvent.BLOCKED, blocked)
+
+    def _unregister_producer(self, producer: MessageProducer) -> None:
+        with self._cond:
+            if producer in self._producers:
+                self._producers.remove(producer)
+
+    def _session_closed(self, session: Session) -> None:
+        with self._cond:
+            if session in self._sessions:
+                self._sessions.remove(session)
+
+    # ------------------------------------------------------ consumer flow
+    def _apply(self, actions: list[FlowAction]) -> None:
+        """Carry out flow actions on the I/O thread (call holding _flow_lock,
+        so actions reach the broker in the order they were decided)."""
+        if not actions:
+            return
+        targets = [(action, self._consumers.get(action.consumer)) for action in actions]
+        bound = [(a, c, c._channel) for a, c in targets if c is not None and c._channel is not None]
+
+        def run() -> None:
+            for action, consumer, channel in bound:
+                if consumer._channel is not channel or channel.closed:
+                    continue  # the channel was replaced (recovery): tags are stale
+                if isinstance(action, SetPrefetch):
+                    channel.qos_nowait(action.count)
+                elif isinstance(action, StartConsuming):
+                    channel.basic_consume_nowait(consumer.queue_name)
+                else:
+                    channel.ack(action.tag, multiple=True)
+
+        self._transport.post(run)
+
+    def _register_consumer(self, consumer: MessageConsumer, *, app_acks: bool) -> None:
+        with self._flow_lock:
+            self._consumers[consumer.id] = consumer
+            self._apply(
+                self._flow.register(
+                    consumer.id,
+                    limit=self.config.consumer_flow_limit,
+                    threshold_pct=self.config.consumer_flow_threshold,
+                    app_acks=app_acks,
+                )
+            )
+
+    def _unregister_consumer(self, consumer: MessageConsumer) -> None:
+        with self._flow_lock:
+            self._apply(self._flow.unregister(consumer.id))
+            self._consumers.pop(consumer.id, None)
+
+    def _reset_consumer_flow(self, consumer: MessageConsumer) -> None:
+        with self._flow_lock:
+            self._apply(self._flow.reset(consumer.id))
+
+    def _flow_delivered(self, consumer_id: int) -> None:
+        with self._flow_lock:
+            self._flow.delivered(consumer_id)
+
+    def _flow_processed(self, consumer_id: int, tag: int) -> None:
+        with self._flow_lock:
+            self._apply(self._flow.processed(consumer_id, tag))
+
+    def _flow_acknowledged(self, consumer_id: int) -> None:
+        with self._flow_lock:
+            self._apply(self._flow.acknowledged(consumer_id))
+
+    def _flow_stats(self, consumer_id: int) -> ConsumerFlowStats:
+        with self._flow_lock:
+            return self._flow.stats(consumer_id)
+
+    def _restart_consumer(self, consumer: MessageConsumer, *, rollback: bool) -> None:
+        """Redeliver the consumer's unacked messages: new channel, fresh accounting.
+
+        Closing the old channel requeues everything it had unacked, and no
+        stale delivery can reach the new one.
+        """
+        session = consumer._session
+        old = consumer._channel
+        if old is not None:
+            if rollback:
+                # Closing the channel discards the transaction anyway.
+                with contextlib.suppress(JMSException):
+                    old.tx_rollback()
+            old.close()
+        channel = session._rpc(lambda: session._consumer_channel(consumer))
+        consumer._attach(channel)
+        self._reset_consumer_flow(consumer)
+
+    # --------------------------------------------- TransportListener (I/O)
+    def on_blocked(self, reason: str) -> None:
+        """connection.blocked: every producer waits."""
+        with self._cond:
+            self._blocked = reason
+            producers = list(self._producers)
+        for producer in producers:
+            producer._gate(GateEvent.BLOCKED, reason)
+
+    def on_unblocked(self) -> None:
+        """connection.unblocked: producers resume."""
+        with self._cond:
+            self._blocked = None
+            producers = list(self._producers)
+        for producer in producers:
+            producer._gate(GateEvent.UNBLOCKED)
+
+    def on_lost(self, error: ConnectionLostError) -> None:
+        """The connection died: start recovery on its own thread."""
+        with self._cond:
+            if self._state is not _State.OPEN:
+                return
+            self._state = _State.RECOVERING
+            self._blocked = None
+            producers = list(self._producers)
+            self._cond.notify_all()
+        _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+        for producer in producers:
+            producer._gate(GateEvent.CONNECTION_LOST)
+        threading.Thread(
+            target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
+        ).start()
+
+    # ------------------------------------------------------------ recovery
+    def _recover(self, error: ConnectionLostError) -> None:
+        if self.config.reconnect_attempts == 0:
+            self._give_up(error, 0)
+            return
+        attempts = 0
+        try:
+            for attempt in reconnect_strategy(self.config, sleep=self._sleep):
+                with attempt:
+                    attempts += 1
+                    if self._state is _State.CLOSED:
+                        return
+                    self._reconnect_once()
+        except JMSException as exc:
+            self._give_up(exc, attempts)
+            return
+        with self._cond:
+            if self._state is _State.RECOVERING:
+                self._state = _State.OPEN
+            self.reconnect_count += 1
+            self._cond.notify_all()
+        _log.info("Connection recovered", connection=self._name, attempts=attempts)
+
+    def _reconnect_once(self) -> None:
+        transport = self._new_transport()
+        try:
+            transport.connect()
+            self._transport = transport
+            with self._cond:
+                sessions = list(self._sessions)
+            for session in sessions:
+                session._restore(transport)
+        except JMSException:
+            transport.close()
+            raise
+
+    def _give_up(self, cause: JMSException, attempts: int) -> None:
+        error = ConnectionLostError(
+            f"connection to {_redact(self.url)} lost; recovery gave up after "
+            f"{attempts} attempt(s): {cause}"
+        )
+        error.__cause__ = cause
+        with self._cond:
+            if self._state is _State.CLOSED:
+                return
+            self._state = _State.FAILED
+            self._error = error
+            producers = list(self._producers)
+            consumers = list(self._consumers.values())
+            self._cond.notify_all()
+        _log.error("Connection recovery gave up", error=str(error), connection=self._name)
+        for producer in producers:
+            producer._fail(error)
+        for consumer in consumers:
+            consumer._fail(error)
+        self._report(error)

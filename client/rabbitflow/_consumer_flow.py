@@ -1,0 +1,253 @@
+"""Open MQ consumer flow limits over AMQP credit, sans-IO.
+
+Terms, per consumer:
+
+* *buffered*: delivered by the broker and not yet processed by the
+  application (not yet returned by ``receive()`` / not yet handed to the
+  listener).  Never more than ``imqConsumerFlowLimit``.
+* *credit*: deliveries the broker may still make (granted, not yet arrived).
+* *held*: processed messages whose broker ack is deferred (AUTO/DUPS_OK
+  sessions ack in batches when credit is granted; CLIENT_ACKNOWLEDGE and
+  transacted sessions hold them until the application acknowledges/commits).
+
+Each consumer has its own AMQP channel whose prefetch count (``basic.qos``
+with ``global=true``, which RabbitMQ applies at once) is kept equal to
+``buffered + held + credit``: the broker can then deliver exactly ``credit``
+more.  A consumer gets a batch of ``limit - buffered - credit`` credits once
+``buffered + credit`` is down to the threshold (``limit * threshold // 100``),
+so refills come in batches of at least ``limit - threshold`` messages.  With
+``imqConnectionFlowLimitEnabled`` every grant also draws on one pool per
+connection, so the sum of ``buffered + credit`` over the connection's
+consumers never exceeds ``imqConnectionFlowLimit``.
+
+``ConnectionFlow`` returns actions (``SetPrefetch``, ``Ack``, ``StartConsuming``)
+that the caller carries out on the consumer's channel in the given order.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Ack",
+    "ConnectionFlow",
+    "ConsumerFlowStats",
+    "FlowAction",
+    "SetPrefetch",
+    "StartConsuming",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SetPrefetch:
+    """Set the consumer channel's prefetch count (never 0: 0 means unlimited)."""
+
+    consumer: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Acknowledge every delivery up to ``tag`` (multiple=True) on the consumer's channel."""
+
+    consumer: int
+    tag: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartConsuming:
+    """Issue basic.consume: the consumer has its first credit."""
+
+    consumer: int
+
+
+FlowAction = SetPrefetch | Ack | StartConsuming
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFlowStats:
+    """Counters of one consumer, for applications and tests."""
+
+    delivered: int
+    processed: int
+    buffered: int
+    max_buffered: int
+    credit: int
+    grants: tuple[int, ...]  # sizes of the last 1000 credit grants, oldest first
+
+
+@dataclass(slots=True)
+class _Consumer:
+    limit: int
+    threshold: int
+    app_acks: bool
+    buffered: int = 0
+    credit: int = 0
+    held: int = 0
+    last_tag: int = 0  # last processed delivery tag, for acks
+    ack_pending: bool = False  # held messages whose ack is due (app acked / batch)
+    consuming: bool = False
+    delivered: int = 0
+    processed: int = 0
+    max_buffered: int = 0
+    grants: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=1000))
+
+
+class ConnectionFlow:
+    """Credit accounting for all consumers of one connection."""
+
+    def __init__(self, connection_limit: int | None = None) -> None:
+        self.connection_limit = connection_limit
+        self._consumers: dict[int, _Consumer] = {}
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def buffered(self) -> int:
+        """Messages buffered for all consumers of the connection."""
+        return sum(c.buffered for c in self._consumers.values())
+
+    @property
+    def outstanding(self) -> int:
+        """Messages counted against the connection limit, over all consumers."""
+        return sum(self._pool_use(c) for c in self._consumers.values())
+
+    def stats(self, consumer: int) -> ConsumerFlowStats:
+        """Counters of ``consumer``.
+
+        Raises:
+            KeyError: unknown consumer.
+        """
+        c = self._consumers[consumer]
+        return ConsumerFlowStats(
+            delivered=c.delivered,
+            processed=c.processed,
+            buffered=c.buffered,
+            max_buffered=c.max_buffered,
+            credit=c.credit,
+            grants=tuple(c.grants),
+        )
+
+    # ---------------------------------------------------------------- events
+    def register(
+        self, consumer: int, *, limit: int, threshold_pct: int, app_acks: bool
+    ) -> list[FlowAction]:
+        """Add a consumer; returns its first grant (and StartConsuming) if any.
+
+        Raises:
+            ValueError: duplicate id, limit below 1 or threshold outside 0..100.
+        """
+        if consumer in self._consumers:
+            raise ValueError(f"consumer {consumer} already registered")
+        if limit < 1 or not 0 <= threshold_pct <= 100:
+            raise ValueError(f"bad limit {limit} / threshold {threshold_pct}")
+        self._consumers[consumer] = _Consumer(limit, limit * threshold_pct // 100, app_acks)
+        return self._rebalance()
+
+    def unregister(self, consumer: int) -> list[FlowAction]:
+        """Remove a consumer (closed); its share of the pool goes to the others."""
+        self._consumers.pop(consumer, None)
+        return self._rebalance()
+
+    def reset(self, consumer: int) -> list[FlowAction]:
+        """The consumer's channel was re-opened (reconnection): the broker will
+        redeliver everything that was unacked, so start from nothing."""
+        c = self._consumers[consumer]
+        c.buffered = c.credit = c.held = 0
+        c.last_tag = 0
+        c.ack_pending = False
+        c.consuming = False
+        return self._rebalance()
+
+    def delivered(self, consumer: int) -> None:
+        """A message arrived for ``consumer`` (it uses one credit)."""
+        c = self._consumers[consumer]
+        c.credit = max(c.credit - 1, 0)
+        c.buffered += 1
+        c.delivered += 1
+        c.max_buffered = max(c.max_buffered, c.buffered)
+
+    def discarded(self, consumer: int) -> list[FlowAction]:
+        """A buffered message was dropped unprocessed (recover/rollback/close):
+        the broker redelivers it, so it no longer counts as buffered nor held."""
+        c = self._consumers[consumer]
+        c.buffered = max(c.buffered - 1, 0)
+        return self._rebalance()
+
+    def processed(self, consumer: int, tag: int) -> list[FlowAction]:
+        """The application took delivery ``tag`` (receive returned / listener called)."""
+        c = self._consumers[consumer]
+        c.buffered = max(c.buffered - 1, 0)
+        c.held += 1
+        c.processed += 1
+        c.last_tag = max(c.last_tag, tag)
+        if not c.app_acks:
+            c.ack_pending = True
+        return self._rebalance()
+
+    def acknowledged(self, consumer: int) -> list[FlowAction]:
+        """The application acknowledged (CLIENT_ACKNOWLEDGE) or committed: ack
+        everything processed so far."""
+        c = self._consumers[consumer]
+        if c.held:
+            c.ack_pending = True
+        return self._rebalance() + self._flush_ack(consumer, c)
+
+    def forget_held(self, consumer: int) -> list[FlowAction]:
+        """Held messages will be redelivered (recover / rollback): drop them
+        from the accounting without acking and shrink the prefetch to match."""
+        c = self._consumers[consumer]
+        c.held = 0
+        c.ack_pending = False
+        return self._rebalance()
+
+    # --------------------------------------------------------------- internal
+    def _prefetch(self, c: _Consumer) -> int:
+        return c.buffered + (0 if c.ack_pending else c.held) + c.credit
+
+    def _flush_ack(self, cid: int, c: _Consumer) -> list[FlowAction]:
+        """Ack held messages if the prefetch stays >= 1 after it (0 = unlimited)."""
+        if not c.ack_pending or not c.held or not c.consuming:
+            return []
+        count = self._prefetch(c)
+        if count < 1:
+            return []  # starved by the connection pool: ack with the next grant
+        c.held = 0
+        c.ack_pending = False
+        # The lower prefetch must reach the broker before the ack frees room.
+        return [SetPrefetch(cid, count), Ack(cid, c.last_tag)]
+
+    @staticmethod
+    def _pool_use(c: _Consumer) -> int:
+        # Held messages of AUTO/DUPS_OK consumers are acks we chose to defer,
+        # so they still count against the connection pool; CLIENT_ACKNOWLEDGE
+        # ones are the application's to acknowledge and do not.
+        return c.buffered + c.credit + (0 if c.app_acks else c.held)
+
+    def _rebalance(self) -> list[FlowAction]:
+        actions: list[FlowAction] = []
+        total = sum(self._pool_use(c) for c in self._consumers.values())
+        for cid, c in self._consumers.items():
+            outstanding = c.buffered + c.credit
+            if outstanding > c.threshold:
+                continue
+            grant = c.limit - outstanding
+            if self.connection_limit is not None:
+                # Acking our own deferred messages with this grant frees them.
+                available = self.connection_limit - (total - self._pool_use(c)) - outstanding
+                grant = max(min(grant, available), 0)
+            before = self._pool_use(c)
+            if grant > 0:
+                c.credit += grant
+                c.grants.append(grant)
+                if c.ack_pending and c.held:
+                    actions += self._flush_ack(cid, c)
+                else:
+                    actions.append(SetPrefetch(cid, self._prefetch(c)))
+                if not c.consuming:
+                    c.consuming = True
+                    actions.append(StartConsuming(cid))
+            elif c.ack_pending and c.held:
+                actions += self._flush_ack(cid, c)
+            total += self._pool_use(c) - before
+        return actions

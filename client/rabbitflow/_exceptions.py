@@ -1,0 +1,84 @@
+"""The rabbitflow exception tree.
+
+Branches follow what the caller can do about the failure::
+
+    JMSException                      every error raised by rabbitflow
+    ├── ConnectionLostError           recovery gave up; make a new connection
+    ├── FlowControlTimeoutError       send() waited too long under flow control;
+    │                                 the message was not sent, retry later
+    ├── BrokerError                   the broker refused an operation
+    │   ├── ProtocolError             unexpected frame / channel or connection
+    │   │                             closed by the broker
+    │   ├── InvalidDestinationError   no such queue / exchange, or wrong type
+    │   └── TransactionRolledBackError  commit could not complete
+    ├── IllegalStateError             the object is closed or in the wrong mode
+    ├── MessageFormatError            a body or header of the wrong type
+    └── InvalidPropertyError          (also ValueError) a bad configuration
+                                      property or argument; names the item
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "ConnectionLostError",
+    "FlowControlTimeoutError",
+    "IllegalStateError",
+    "InvalidDestinationError",
+    "InvalidPropertyError",
+    "JMSException",
+    "MessageFormatError",
+    "ProtocolError",
+    "TransactionRolledBackError",
+]
+
+
+class JMSException(Exception):
+    """Root of every exception rabbitflow raises."""
+
+
+class ConnectionLostError(JMSException):
+    """The connection to the broker was lost and recovery gave up."""
+
+
+class FlowControlTimeoutError(JMSException):
+    """send() was held by broker flow control past the wait-failure time.
+
+    The message was not sent.
+    """
+
+
+class BrokerError(JMSException):
+    """The broker refused an operation."""
+
+    def __init__(self, message: str, *, reply_code: int | None = None) -> None:
+        super().__init__(message)
+        self.reply_code = reply_code
+
+
+class ProtocolError(BrokerError):
+    """The broker closed a channel or the connection, or sent something unexpected."""
+
+
+class InvalidDestinationError(BrokerError):
+    """A destination does not exist or cannot be used as asked."""
+
+
+class TransactionRolledBackError(BrokerError):
+    """A transacted session's commit could not complete; the work was rolled back."""
+
+
+class IllegalStateError(JMSException):
+    """The object is closed, or the call does not fit its mode."""
+
+
+class MessageFormatError(JMSException):
+    """A message body or header has the wrong type."""
+
+
+class InvalidPropertyError(JMSException, ValueError):
+    """A configuration property or argument has a bad value; the text names it."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{name}: {message}")
+        self.name = name

@@ -1,0 +1,229 @@
+"""Messages: text and bytes bodies, application properties, JMS headers,
+and their mapping to and from AMQP 0-9-1 basic properties (pure)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._destination import Destination, Queue, TemporaryQueue, Topic
+from ._exceptions import IllegalStateError, MessageFormatError
+
+__all__ = [
+    "NON_PERSISTENT",
+    "PERSISTENT",
+    "BytesMessage",
+    "Message",
+    "TextMessage",
+    "WireProperties",
+    "new_message_id",
+]
+
+NON_PERSISTENT = 1
+PERSISTENT = 2
+_TEXT = "text/plain"
+_BYTES = "application/octet-stream"
+_TIMESTAMP_HEADER = "JMSTimestamp"  # ms precision; AMQP's timestamp has seconds only
+_PropertyValue = str | int | float | bool | None
+
+
+def new_message_id() -> str:
+    """A fresh JMSMessageID: ``ID:<uuid4>``."""
+    return f"ID:{uuid.uuid4()}"
+
+
+@dataclass(frozen=True, slots=True)
+class WireProperties:
+    """AMQP basic properties, independent of any client library."""
+
+    content_type: str | None = None
+    content_encoding: str | None = None
+    headers: dict[str, Any] | None = None
+    delivery_mode: int | None = None
+    priority: int | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    expiration: str | None = None
+    message_id: str | None = None
+    timestamp: int | None = None
+    type: str | None = None
+
+
+def destination_from_text(text: str | None) -> Destination | None:
+    """Parse ``queue://x`` / ``topic://x`` (a bare name is a queue)."""
+    if not text:
+        return None
+    for prefix, kind in (
+        ("queue://", Queue),
+        ("topic://", Topic),
+        ("temp-queue://", TemporaryQueue),
+    ):
+        if text.startswith(prefix):
+            return kind(text[len(prefix) :])
+    return Queue(text)
+
+
+@dataclass(eq=False)
+class Message:
+    """A message: body, application ``properties`` and JMS headers.
+
+    Headers set by ``send()``: ``message_id``, ``timestamp`` (ms since the
+    epoch), ``destination``, ``delivery_mode``, ``priority``, ``expiration``
+    (ms since the epoch, 0 = never).  Set on receive: ``redelivered``.
+    """
+
+    properties: dict[str, _PropertyValue] = field(default_factory=dict)
+    message_id: str | None = None
+    timestamp: int = 0
+    correlation_id: str | None = None
+    reply_to: Destination | None = None
+    type: str | None = None
+    redelivered: bool = False
+    destination: Destination | None = None
+    delivery_mode: int = PERSISTENT
+    priority: int = 4
+    expiration: int = 0
+    _acknowledger: Callable[[], None] | None = field(default=None, repr=False)
+
+    def body_bytes(self) -> bytes:
+        """The body as bytes on the wire."""
+        raise NotImplementedError
+
+    def set_property(self, name: str, value: _PropertyValue) -> None:
+        """Set an application property.
+
+        Raises:
+            MessageFormatError: the name is empty or the value not str/int/float/bool/None.
+        """
+        if not isinstance(name, str) or not name:
+            raise MessageFormatError(f"property name must be a non-empty string, got {name!r}")
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise MessageFormatError(
+                f"property {name!r}: value must be str, int, float, bool or None, "
+                f"got {type(value).__name__}"
+            )
+        self.properties[name] = value
+
+    def get_property(self, name: str, default: _PropertyValue = None) -> _PropertyValue:
+        """An application property, or ``default``."""
+        return self.properties.get(name, default)
+
+    def acknowledge(self) -> None:
+        """Acknowledge every message consumed so far by this message's session.
+
+        Only has an effect in CLIENT_ACKNOWLEDGE sessions (as in JMS).
+
+        Raises:
+            IllegalStateError: the session is closed.
+        """
+        if self._acknowledger is not None:
+            self._acknowledger()
+
+    # ------------------------------------------------------------- wire
+    def to_wire(self) -> WireProperties:
+        """AMQP properties for this message (headers set by ``send()`` included)."""
+        headers: dict[str, Any] = dict(self.properties)
+        headers[_TIMESTAMP_HEADER] = self.timestamp
+        ttl = self.expiration - self.timestamp if self.expiration else 0
+        text = isinstance(self, TextMessage)
+        return WireProperties(
+            content_type=_TEXT if text else _BYTES,
+            content_encoding="utf-8" if text else None,
+            headers=headers,
+            delivery_mode=self.delivery_mode,
+            priority=self.priority,
+            correlation_id=self.correlation_id,
+            reply_to=str(self.reply_to) if self.reply_to is not None else None,
+            expiration=str(max(ttl, 1)) if self.expiration else None,
+            message_id=self.message_id,
+            timestamp=self.timestamp // 1000 if self.timestamp else None,
+            type=self.type,
+        )
+
+    @staticmethod
+    def from_wire(
+        body: bytes,
+        props: WireProperties,
+        *,
+        redelivered: bool,
+        destination: Destination | None,
+    ) -> Message:
+        """Build the message a consumer receives.
+
+        Raises:
+            MessageFormatError: a text message whose body is not valid in its encoding.
+        """
+        headers = dict(props.headers or {})
+        ts_ms = headers.pop(_TIMESTAMP_HEADER, None)
+        timestamp = int(ts_ms) if isinstance(ts_ms, int) else (props.timestamp or 0) * 1000
+        message: Message
+        if props.content_type == _TEXT:
+            try:
+                message = TextMessage(body.decode(props.content_encoding or "utf-8"))
+            except (UnicodeDecodeError, LookupError) as exc:
+                raise MessageFormatError(f"text message body cannot be decoded: {exc}") from exc
+        else:
+            message = BytesMessage(body)
+        message.properties = {
+            k: (v.decode() if isinstance(v, bytes) else v)
+            for k, v in headers.items()
+            if v is None or isinstance(v, str | int | float | bool | bytes)
+        }
+        message.message_id = props.message_id
+        message.timestamp = timestamp
+        message.correlation_id = props.correlation_id
+        message.reply_to = destination_from_text(props.reply_to)
+        message.type = props.type
+        message.redelivered = redelivered
+        message.destination = destination
+        message.delivery_mode = props.delivery_mode or NON_PERSISTENT
+        message.priority = props.priority if props.priority is not None else 4
+        if props.expiration and timestamp:
+            message.expiration = timestamp + int(props.expiration)
+        return message
+
+
+class TextMessage(Message):
+    """A message whose body is text (UTF-8 on the wire)."""
+
+    def __init__(self, text: str = "", **headers: Any) -> None:
+        if not isinstance(text, str):
+            raise MessageFormatError(f"text message body must be str, got {type(text).__name__}")
+        Message.__init__(self, **headers)
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"TextMessage(message_id={self.message_id!r}, text={self.text[:40]!r})"
+
+    def body_bytes(self) -> bytes:
+        """The body, UTF-8 encoded."""
+        return self.text.encode("utf-8")
+
+
+class BytesMessage(Message):
+    """A message whose body is bytes."""
+
+    def __init__(self, data: bytes = b"", **headers: Any) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise MessageFormatError(f"bytes message body must be bytes, got {type(data).__name__}")
+        Message.__init__(self, **headers)
+        self.data = bytes(data)
+
+    def __repr__(self) -> str:
+        return f"BytesMessage(message_id={self.message_id!r}, {len(self.data)} bytes)"
+
+    def body_bytes(self) -> bytes:
+        """The body."""
+        return self.data
+
+
+def check_open(closed: bool, what: str) -> None:
+    """Raise IllegalStateError if ``closed``.
+
+    Raises:
+        IllegalStateError: the object is closed.
+    """
+    if closed:
+        raise IllegalStateError(f"{what} is closed")

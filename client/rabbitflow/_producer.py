@@ -1,0 +1,417 @@
+"""MessageProducer: flow-controlled, confirmed sends (drives ``_flow``)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._destination import Destination, Queue, Topic
+from ._exceptions import (
+    FlowControlTimeoutError,
+    IllegalStateError,
+    InvalidDestinationError,
+    InvalidPropertyError,
+    JMSException,
+)
+from ._flow import (
+    ConnectionBlocked,
+    ConnectionUnblocked,
+    FlowEnforced,
+    FlowRemoved,
+    Gate,
+    GateEvent,
+    GateNotice,
+    ProducerWindow,
+    SendDelayed,
+    SendFailed,
+    SendWait,
+)
+from ._log import get_logger
+from ._message import NON_PERSISTENT, PERSISTENT, Message, WireProperties, new_message_id
+from ._transport import Delivery, TransportChannel
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["MessageProducer"]
+
+_ids = itertools.count(1)
+_log = get_logger()
+_DELAYED = "Message send delayed by {seconds}s due to broker enforced flow control"
+_FAILED = "Message send failed due to timeout waiting on broker enforced flow control"
+_TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
+_ENFORCED = "Broker enforced flow control has been enforced"
+_REMOVED = "Broker enforced flow control is no longer in effect"
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    exchange: str
+    routing_key: str
+    body: bytes
+    props: WireProperties
+
+
+class MessageProducer:
+    """Sends messages to a destination, honouring broker flow control.
+
+    ``send()`` returns once the message is handed to the broker; it waits
+    while the producer's window of ``capacity`` unconfirmed messages is full,
+    while the broker has flowed its channel or blocked the connection, and
+    while nacked messages await re-send.  Thread-safe.
+
+    Counters (read-only): ``sent_count`` (accepted by send), ``confirmed_count``,
+    ``nacked_count`` (nacks received; each nacked message is re-sent),
+    ``resent_count`` (re-published after a connection loss because their
+    confirm was lost: the only messages that may arrive twice).
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        destination: Destination | None,
+        capacity: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        config = session.connection.config
+        self.id = f"producer-{next(_ids)}"
+        self._session = session
+        self._destination = destination
+        self._config = config
+        self._clock = clock
+        self._transacted = session.transacted
+        self._cond = threading.Condition()
+        self._window: ProducerWindow[_Outgoing] = ProducerWindow(
+            capacity,
+            backoff_initial=config.nack_backoff_initial_ms / 1000,
+            backoff_max=config.nack_backoff_max_ms / 1000,
+        )
+        self._channel: TransportChannel | None = None
+        self._pump_scheduled = False
+        self._timer_at: float | None = None
+        self._error: JMSException | None = None
+        self._closed = False
+        self._returned = 0
+
+    # -------------------------------------------------------------- public
+    @property
+    def capacity(self) -> int:
+        """Most messages this producer may have sent and not had confirmed."""
+        return self._window.capacity
+
+    @property
+    def destination(self) -> Destination | None:
+        """The producer's destination (None: given to each send)."""
+        return self._destination
+
+    @property
+    def sent_count(self) -> int:
+        """Messages accepted by send()."""
+        return self._window.accepted_count
+
+    @property
+    def confirmed_count(self) -> int:
+        """Messages the broker confirmed."""
+        return self._window.confirmed_count
+
+    @property
+    def nacked_count(self) -> int:
+        """Nacks received (each nacked message is re-sent in order)."""
+        return self._window.nacked_count
+
+    @property
+    def resent_count(self) -> int:
+        """Messages re-published after a connection loss (their confirm was lost;
+        the broker may hold them twice)."""
+        return self._window.resent_count
+
+    @property
+    def unconfirmed_count(self) -> int:
+        """Messages sent and not yet confirmed."""
+        with self._cond:
+            return self._window.in_flight
+
+    @property
+    def flow_state(self) -> str:
+        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
+        return self._window.gate.state.value
+
+    def send(
+        self,
+        message: Message,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: int = PERSISTENT,
+        priority: int = 4,
+        time_to_live: int = 0,
+    ) -> None:
+        """Send ``message``; sets its message_id, timestamp, destination and headers.
+
+        Raises:
+            FlowControlTimeoutError: flow control held the send for
+                ``qpid.flow_control_wait_failure`` ms; the message was not sent.
+            ConnectionLostError: the connection was lost and recovery gave up.
+            IllegalStateError: the producer, session or connection is closed.
+            InvalidDestinationError: no destination, or one given to a producer
+                that has its own.
+            InvalidPropertyError: bad delivery_mode, priority or time_to_live.
+        """
+        target = self._target(destination)
+        if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
+            raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
+        if not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
+        if not isinstance(time_to_live, int) or time_to_live < 0:
+            raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
+        if not isinstance(message, Message):
+            raise InvalidPropertyError(
+                "message", f"expected a Message, got {type(message).__name__}"
+            )
+        now_ms = int(time.time() * 1000)
+        message.message_id = new_message_id()
+        message.timestamp = now_ms
+        message.destination = target
+        message.delivery_mode = delivery_mode
+        message.priority = priority
+        message.expiration = now_ms + time_to_live if time_to_live else 0
+        outgoing = _Outgoing(
+            target.exchange, target.routing_key, message.body_bytes(), message.to_wire()
+        )
+        self._session.connection._wait_usable()
+        with self._cond:
+            self._wait_for_room(target)
+            self._window.accept(outgoing)
+            schedule = not self._pump_scheduled
+            self._pump_scheduled = True
+        if schedule:
+            self._session.connection._post(self._pump)
+
+    def close(self) -> None:
+        """Wait until every send is confirmed, then close (idempotent).
+
+        Waits at most ``max(qpid.flow_control_wait_failure, 10 s)``.
+
+        Raises:
+            JMSException: some sent messages could not be confirmed in time, or
+                the connection failed; the text says how many.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            deadline = self._clock() + max(self._config.wait_failure_ms / 1000, 10.0)
+            while not self._window.idle and self._error is None:
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, 0.5))
+            pending = self._window.in_flight
+            error = self._error
+            self._closed = True
+            self._window.handle(GateEvent.CLOSE)
+            self._cond.notify_all()
+        self._session._producer_closed(self)
+        if self._channel is not None and not self._transacted:
+            self._channel.close()
+        if pending:
+            raise JMSException(
+                f"{self.id}: {pending} sent message(s) were not confirmed by the broker"
+                + (f": {error}" if error else "")
+            )
+
+    def __enter__(self) -> MessageProducer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<MessageProducer {self.id} {self._destination} capacity={self.capacity} "
+            f"state={self.flow_state} unconfirmed={self._window.in_flight}>"
+        )
+
+    # -------------------------------------------------------------- helpers
+    def _target(self, destination: Destination | None) -> Destination:
+        if self._closed:
+            raise IllegalStateError(f"{self.id} is closed")
+        if destination is not None and not isinstance(destination, Queue | Topic):
+            raise InvalidDestinationError(f"not a destination: {destination!r}")
+        if self._destination is not None:
+            if destination is not None and destination != self._destination:
+                raise InvalidDestinationError(
+                    f"{self.id} sends to {self._destination}; cannot send to {destination}"
+                )
+            return self._destination
+        if destination is None:
+            raise InvalidDestinationError(f"{self.id} has no destination: pass one to send()")
+        return destination
+
+    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
+        dest = target if target is not None else self._destination
+        return {
+            "producer": self.id,
+            "destination": str(dest) if dest is not None else "",
+            "capacity": self.capacity,
+        }
+
+    def _wait_for_room(self, target: Destination) -> None:
+        """Wait (holding ``_cond``) until the window accepts; see send()."""
+        wait: SendWait | None = None
+        while True:
+            if self._closed:
+                raise IllegalStateError(f"{self.id} is closed")
+            if self._error is not None:
+                raise self._error
+            if self._window.can_accept():
+                return
+            now = self._clock()
+            if self._window.gate.state is Gate.DISCONNECTED:
+                # Not broker flow control: recovery decides; its failure sets _error.
+                wait = None
+                self._cond.wait(0.5)
+                continue
+            if wait is None:
+                wait = SendWait(
+                    now,
+                    notify_period_ms=self._config.notify_period_ms,
+                    wait_failure_ms=self._config.wait_failure_ms,
+                )
+            step = wait.poll(now)
+            for notice in step.notices:
+                self._log_wait(notice, target)
+            if step.failed is not None:
+                self._log_wait(step.failed, target)
+                seconds = step.failed.waited_ms / 1000
+                text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
+                raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
+            self._cond.wait(max(step.wake_at - now, 0.001))
+
+    def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
+        fields = self._fields(target)
+        if isinstance(notice, SendDelayed):
+            _log.warning(
+                _DELAYED.format(seconds=notice.seconds),
+                flow_event="send_delayed",
+                waited_ms=notice.waited_ms,
+                reason=self._window.wait_reason(),
+                **fields,
+            )
+        else:
+            _log.error(
+                _FAILED,
+                flow_event="send_failed",
+                waited_ms=notice.waited_ms,
+                reason=self._window.wait_reason(),
+                **fields,
+            )
+
+    def _log_notices(self, notices: list[GateNotice]) -> None:
+        for notice in notices:
+            if isinstance(notice, FlowEnforced):
+                _log.info(_ENFORCED, flow_event="flow_enforced", **self._fields())
+            elif isinstance(notice, FlowRemoved):
+                _log.info(_REMOVED, flow_event="flow_removed", **self._fields())
+            elif isinstance(notice, ConnectionBlocked):
+                _log.info(
+                    f"Broker blocked the connection: {notice.reason}",
+                    flow_event="connection_blocked",
+                    reason=notice.reason,
+                    **self._fields(),
+                )
+            elif isinstance(notice, ConnectionUnblocked):
+                _log.info(
+                    "Broker unblocked the connection",
+                    flow_event="connection_unblocked",
+                    **self._fields(),
+                )
+
+    # ------------------------------------------------- I/O thread (driver)
+    def _pump(self) -> None:
+        """Publish what the window allows now; arm the re-send timer."""
+        with self._cond:
+            self._pump_scheduled = False
+            channel = self._channel
+            if channel is None or channel.closed:
+                return
+            now = self._clock()
+            publishes = self._window.take(now)
+            due = self._window.resend_due()
+        try:
+            for p in publishes:
+                out = p.item
+                channel.publish(out.exchange, out.routing_key, out.body, out.props, False)
+        except JMSException:
+            return  # the channel/connection is going away; recovery re-sends
+        if self._transacted and publishes:
+            # No confirms on a tx channel: completion is the commit.
+            with self._cond:
+                self._window.ack(publishes[-1].tag, True)
+                self._cond.notify_all()
+        if due is not None and (self._timer_at is None or self._timer_at > due):
+            self._timer_at = due
+            self._session.connection._call_later(max(due - self._clock(), 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_at = None
+        self._pump()
+
+    # ------------------------------------------------ ChannelHandler (I/O)
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        """Publisher confirm for ``tag``."""
+        with self._cond:
+            if ack:
+                self._window.ack(tag, multiple)
+            else:
+                self._window.nack(tag, multiple, self._clock())
+            retrying = self._window.retrying
+            self._cond.notify_all()
+        if retrying:
+            self._pump()
+
+    def on_flow(self, active: bool) -> None:
+        """Channel.Flow from the broker."""
+        self._gate(GateEvent.FLOW_ON if active else GateEvent.FLOW_OFF)
+
+    def on_deliver(self, delivery: Delivery) -> None:
+        """Producers do not consume."""
+
+    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
+        """A mandatory publish came back unroutable."""
+        self._returned += 1
+
+    def on_channel_closed(self, error: JMSException) -> None:
+        """The broker closed the producer's channel: sends fail from now on."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+        self._session.connection._report(error)
+
+    # ------------------------------------------- connection-level (any thread)
+    def _gate(self, event: GateEvent, reason: str = "") -> None:
+        with self._cond:
+            if self._window.gate.state is Gate.CLOSED:
+                return
+            notices = self._window.handle(event, reason)
+            self._cond.notify_all()
+        self._log_notices(notices)
+        if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
+            self._session.connection._post(self._pump)
+
+    def _attach(self, channel: TransportChannel) -> None:
+        """Use ``channel`` (fresh, or after a reconnection) and publish what is queued."""
+        with self._cond:
+            self._channel = channel
+            reconnected = self._window.gate.state is Gate.DISCONNECTED
+        if reconnected:
+            self._gate(GateEvent.RECONNECTED)
+
+    def _fail(self, error: JMSException) -> None:
+        """Recovery gave up: every waiting and future send raises ``error``."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()

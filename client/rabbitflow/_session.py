@@ -1,0 +1,489 @@
+"""Session: destinations, producers, consumers, acknowledgement, transactions."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from ._consumer import MessageConsumer
+from ._destination import Destination, Queue, Topic
+from ._exceptions import (
+    ConnectionLostError,
+    IllegalStateError,
+    InvalidDestinationError,
+    InvalidPropertyError,
+    JMSException,
+    TransactionRolledBackError,
+)
+from ._message import BytesMessage, Message, TextMessage
+from ._producer import MessageProducer
+from ._transport import Delivery, TransportChannel
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+    from ._transport import PikaTransport
+
+__all__ = [
+    "AUTO_ACKNOWLEDGE",
+    "CLIENT_ACKNOWLEDGE",
+    "DUPS_OK_ACKNOWLEDGE",
+    "SESSION_TRANSACTED",
+    "Session",
+]
+
+R = TypeVar("R")
+
+SESSION_TRANSACTED = 0
+AUTO_ACKNOWLEDGE = 1
+CLIENT_ACKNOWLEDGE = 2
+DUPS_OK_ACKNOWLEDGE = 3
+_MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, SESSION_TRANSACTED}
+
+
+class _Declared(enum.Enum):
+    QUEUE = "queue"
+    TOPIC = "topic"
+    SUBSCRIPTION = "subscription"
+
+
+class _AdminHandler:
+    """Events of the session's admin channel (declarations only)."""
+
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        """Not in confirm mode."""
+
+    def on_flow(self, active: bool) -> None:
+        """Nothing is published on the admin channel."""
+
+    def on_deliver(self, delivery: Delivery) -> None:
+        """Nothing is consumed on the admin channel."""
+
+    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
+        """Nothing is published on the admin channel."""
+
+    def on_channel_closed(self, error: JMSException) -> None:
+        """A failed declaration closes it; the session opens another when needed."""
+
+
+class Session:
+    """A unit of work: creates destinations, producers, consumers and messages.
+
+    Non-transacted sessions give every producer its own confirm-mode channel
+    and every consumer its own channel; a transacted session puts all of
+    them in tx mode and ``commit()`` commits each.  Usable from several
+    threads.
+    """
+
+    def __init__(self, connection: Connection, transacted: bool, acknowledge_mode: int) -> None:
+        if acknowledge_mode not in _MODES:
+            raise InvalidPropertyError(
+                "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
+            )
+        self.connection = connection
+        self.transacted = bool(transacted) or acknowledge_mode == SESSION_TRANSACTED
+        self.acknowledge_mode = SESSION_TRANSACTED if self.transacted else acknowledge_mode
+        self._lock = threading.RLock()
+        self._admin_channel: TransportChannel | None = None
+        self._producers: list[MessageProducer] = []
+        self._consumers: list[MessageConsumer] = []
+        self._declared: list[tuple[_Declared, str, str]] = []
+        self._channels: dict[int, TransportChannel] = {}  # consumer id -> channel
+        self._producer_channels: dict[str, TransportChannel] = {}
+        self._tx_broken = False
+        self._closed = False
+
+    # ------------------------------------------------------------ helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("session is closed")
+
+    def _rpc(self, fn: Callable[[], R]) -> R:
+        """Run a broker operation, riding out a connection recovery.
+
+        Raises:
+            ConnectionLostError: recovery gave up.
+            JMSException: the broker refused.
+        """
+        for _ in range(5):
+            self.connection._wait_usable()
+            try:
+                return fn()
+            except ConnectionLostError:
+                if not self.connection._recovering_or_lost():
+                    raise
+        raise ConnectionLostError("connection kept failing during the operation")
+
+    def _admin(self) -> TransportChannel:
+        with self._lock:
+            channel = self._admin_channel
+            if channel is None or channel.closed:
+                channel = self.connection._open_channel(_AdminHandler())
+                self._admin_channel = channel
+            return channel
+
+    def _ensure_queue(self, name: str) -> None:
+        try:
+            self._admin().queue_declare(name, passive=True)
+        except InvalidDestinationError:
+            self._admin().queue_declare(name, durable=True)
+
+    def _ensure_exchange(self, name: str) -> None:
+        try:
+            self._admin().exchange_declare(name, "topic", passive=True)
+        except InvalidDestinationError:
+            self._admin().exchange_declare(name, "topic")
+
+    def _record(self, kind: _Declared, a: str, b: str = "") -> None:
+        with self._lock:
+            if (kind, a, b) not in self._declared:
+                self._declared.append((kind, a, b))
+
+    # ------------------------------------------------------- destinations
+    def create_queue(self, name: str) -> Queue:
+        """The queue ``name``; declared (durable, no arguments) only if missing.
+
+        An existing queue is used as it is, whatever its arguments.
+
+        Raises:
+            InvalidDestinationError: bad name.
+            BrokerError: the broker refused (e.g. access).
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        queue = Queue(name)
+        self._rpc(lambda: self._ensure_queue(name))
+        self._record(_Declared.QUEUE, name)
+        return queue
+
+    def create_topic(self, name: str) -> Topic:
+        """The topic ``name``: a durable topic exchange, declared if missing.
+
+        Raises:
+            InvalidDestinationError: bad name.
+            BrokerError: an exchange ``name`` exists with another type.
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        topic = Topic(name)
+        self._rpc(lambda: self._ensure_exchange(name))
+        self._record(_Declared.TOPIC, name)
+        return topic
+
+    # ---------------------------------------------------------- messages
+    def create_text_message(self, text: str = "") -> TextMessage:
+        """A text message.
+
+        Raises:
+            MessageFormatError: ``text`` is not a str.
+        """
+        return TextMessage(text)
+
+    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
+        """A bytes message.
+
+        Raises:
+            MessageFormatError: ``data`` is not bytes-like.
+        """
+        return BytesMessage(data)
+
+    # ---------------------------------------------------------- producers
+    def create_producer(
+        self, destination: Destination | None = None, *, capacity: int | None = None
+    ) -> MessageProducer:
+        """A producer for ``destination`` (None: give one to each send).
+
+        ``capacity`` defaults to ``rabbitflow.producer_capacity``.
+
+        Raises:
+            InvalidPropertyError: capacity below 1.
+            InvalidDestinationError: not a Queue or Topic.
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        if capacity is None:
+            capacity = self.connection.config.producer_capacity
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
+        if destination is not None and not isinstance(destination, Queue | Topic):
+            raise InvalidDestinationError(f"not a destination: {destination!r}")
+        producer = MessageProducer(self, destination, capacity)
+        channel = self._rpc(lambda: self._producer_channel(producer))
+        producer._attach(channel)
+        with self._lock:
+            self._producers.append(producer)
+        self.connection._register_producer(producer)
+        return producer
+
+    def _producer_channel(self, producer: MessageProducer) -> TransportChannel:
+        channel = self.connection._open_channel(producer)
+        if self.transacted:
+            channel.tx_select()
+        else:
+            channel.confirm_select()
+        with self._lock:
+            self._producer_channels[producer.id] = channel
+        return channel
+
+    def _producer_closed(self, producer: MessageProducer) -> None:
+        with self._lock:
+            if producer in self._producers:
+                self._producers.remove(producer)
+            channel = self._producer_channels.pop(producer.id, None)
+        self.connection._unregister_producer(producer)
+        if channel is not None and self.transacted:
+            channel.close()
+
+    # ---------------------------------------------------------- consumers
+    def create_consumer(self, destination: Destination) -> MessageConsumer:
+        """A consumer of a queue, or of a topic (a private, temporary subscription).
+
+        Raises:
+            InvalidDestinationError: the queue does not exist, or not a destination.
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        if isinstance(destination, Queue):
+
+            def check() -> str:
+                self._admin().queue_declare(destination.name, passive=True)
+                return destination.name
+
+            queue = self._rpc(check)
+            consumer = MessageConsumer(self, destination, queue)
+        elif isinstance(destination, Topic):
+            queue = self._rpc(lambda: self._subscribe(destination, ""))
+            consumer = MessageConsumer(self, destination, queue)
+        else:
+            raise InvalidDestinationError(f"not a destination: {destination!r}")
+        self._start_consumer(consumer)
+        return consumer
+
+    def create_durable_subscriber(self, topic: Topic, name: str) -> MessageConsumer:
+        """A durable subscription ``name`` to ``topic``: the durable queue ``name``
+        bound to the topic's exchange; it keeps messages while no one consumes.
+
+        Raises:
+            InvalidDestinationError: ``topic`` is not a Topic or ``name`` is bad.
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        if not isinstance(topic, Topic):
+            raise InvalidDestinationError(f"durable subscribers need a Topic, got {topic!r}")
+        Queue(name)  # validates the name
+        queue = self._rpc(lambda: self._subscribe(topic, name))
+        self._record(_Declared.SUBSCRIPTION, topic.name, name)
+        consumer = MessageConsumer(self, topic, queue, subscription=name)
+        self._start_consumer(consumer)
+        return consumer
+
+    def unsubscribe(self, name: str) -> None:
+        """Delete the durable subscription ``name`` (its queue).
+
+        Raises:
+            BrokerError: the broker refused.
+        """
+        self._check_open()
+        self._rpc(lambda: self._admin().queue_delete(name))
+        with self._lock:
+            self._declared = [d for d in self._declared if d[2] != name]
+
+    def _subscribe(self, topic: Topic, name: str) -> str:
+        self._ensure_exchange(topic.exchange)
+        admin = self._admin()
+        if name:
+            queue, _, _ = admin.queue_declare(name, durable=True)
+        else:
+            queue, _, _ = admin.queue_declare("", durable=False, exclusive=True, auto_delete=True)
+        admin.queue_bind(queue, topic.exchange, "#")
+        return queue
+
+    def _start_consumer(self, consumer: MessageConsumer) -> None:
+        channel = self._rpc(lambda: self._consumer_channel(consumer))
+        consumer._attach(channel)
+        with self._lock:
+            self._consumers.append(consumer)
+        self.connection._register_consumer(
+            consumer, app_acks=self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
+        )
+
+    def _consumer_channel(self, consumer: MessageConsumer) -> TransportChannel:
+        channel = self.connection._open_channel(consumer)
+        if self.transacted:
+            channel.tx_select()
+        with self._lock:
+            self._channels[consumer.id] = channel
+        return channel
+
+    def _consumer_closed(self, consumer: MessageConsumer, dropped: int) -> None:
+        with self._lock:
+            if consumer in self._consumers:
+                self._consumers.remove(consumer)
+            channel = self._channels.pop(consumer.id, None)
+        self.connection._unregister_consumer(consumer)
+        if channel is not None:
+            # Closing the channel returns every unacked message to the queue.
+            channel.close()
+
+    def _deliver(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> Message:
+        """Turn a buffered delivery into the application's message (counts as processed)."""
+        self.connection._flow_processed(consumer.id, delivery.delivery_tag)
+        message = Message.from_wire(
+            delivery.body,
+            delivery.properties,
+            redelivered=delivery.redelivered,
+            destination=consumer.destination,
+        )
+        if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
+            message._acknowledger = self.acknowledge
+        return message
+
+    # ---------------------------------------------------- acknowledgement
+    def acknowledge(self) -> None:
+        """Acknowledge every message consumed by this session (CLIENT_ACKNOWLEDGE).
+
+        Raises:
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        if self.acknowledge_mode != CLIENT_ACKNOWLEDGE:
+            return
+        with self._lock:
+            consumers = list(self._consumers)
+        for consumer in consumers:
+            self.connection._flow_acknowledged(consumer.id)
+
+    def recover(self) -> None:
+        """Redeliver every unacknowledged message of this session.
+
+        Raises:
+            IllegalStateError: the session is closed or transacted.
+        """
+        self._check_open()
+        if self.transacted:
+            raise IllegalStateError("recover() on a transacted session: use rollback()")
+        self._restart_consumers(rollback=False)
+
+    def commit(self) -> None:
+        """Commit the messages sent and received in this transaction.
+
+        Returns once the broker answered tx.commit-ok (a flow-controlling
+        gateway holds it while the queues are over their threshold).
+
+        Raises:
+            IllegalStateError: not a transacted session, or closed.
+            TransactionRolledBackError: the connection was lost during the
+                transaction; its work was rolled back.
+        """
+        self._check_open()
+        if not self.transacted:
+            raise IllegalStateError("commit() on a non-transacted session")
+        with self._lock:
+            consumers = list(self._consumers)
+            broken, self._tx_broken = self._tx_broken, False
+        if broken:
+            self._restart_consumers(rollback=True)
+            raise TransactionRolledBackError(
+                "the connection was lost during the transaction; it was rolled back"
+            )
+        for consumer in consumers:
+            self.connection._flow_acknowledged(consumer.id)
+        try:
+            for channel in self._tx_channels():
+                channel.tx_commit()
+        except ConnectionLostError as exc:
+            raise TransactionRolledBackError(f"commit failed: {exc}") from exc
+
+    def rollback(self) -> None:
+        """Discard messages sent and redeliver messages received in this transaction.
+
+        Raises:
+            IllegalStateError: not a transacted session, or closed.
+        """
+        self._check_open()
+        if not self.transacted:
+            raise IllegalStateError("rollback() on a non-transacted session")
+        with self._lock:
+            self._tx_broken = False
+            producer_channels = list(self._producer_channels.values())
+        for channel in producer_channels:
+            self._rpc(channel.tx_rollback)
+        self._restart_consumers(rollback=True)
+
+    def _tx_channels(self) -> list[TransportChannel]:
+        with self._lock:
+            return [*self._producer_channels.values(), *self._channels.values()]
+
+    def _restart_consumers(self, *, rollback: bool) -> None:
+        with self._lock:
+            consumers = list(self._consumers)
+        for consumer in consumers:
+            self.connection._restart_consumer(consumer, rollback=rollback)
+
+    # ------------------------------------------------------------- close
+    def close(self) -> None:
+        """Close producers (waiting for their confirms) and consumers (idempotent).
+
+        A transacted session's open transaction is rolled back.
+
+        Raises:
+            JMSException: a producer could not get its sends confirmed.
+        """
+        if self._closed:
+            return
+        with self._lock:
+            producers = list(self._producers)
+            consumers = list(self._consumers)
+        errors: list[JMSException] = []
+        for producer in producers:
+            try:
+                producer.close()
+            except JMSException as exc:
+                errors.append(exc)
+        for consumer in consumers:
+            consumer.close()
+        self._closed = True
+        with self._lock:
+            admin, self._admin_channel = self._admin_channel, None
+        if admin is not None:
+            admin.close()
+        self.connection._session_closed(self)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ recovery
+    def _restore(self, transport: PikaTransport) -> None:
+        """Re-declare what this session declared and re-open its channels on a
+        new connection (called by the connection's recovery thread).
+
+        Raises:
+            JMSException: the new connection failed too (recovery retries).
+        """
+        with self._lock:
+            self._admin_channel = None
+            declared = list(self._declared)
+            producers = list(self._producers)
+            consumers = list(self._consumers)
+            if self.transacted:
+                self._tx_broken = True
+        for kind, a, b in declared:
+            if kind is _Declared.QUEUE:
+                self._ensure_queue(a)
+            elif kind is _Declared.TOPIC:
+                self._ensure_exchange(a)
+            else:
+                self._subscribe(Topic(a), b)
+        for producer in producers:
+            producer._attach(self._producer_channel(producer))
+        for consumer in consumers:
+            if consumer.is_topic and consumer.subscription is None:
+                consumer._queue = self._subscribe(Topic(consumer.destination.name), "")
+            consumer._attach(self._consumer_channel(consumer))
+            self.connection._reset_consumer_flow(consumer)

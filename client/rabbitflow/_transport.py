@@ -1,0 +1,632 @@
+"""The AMQP transport: the only module that imports pika.
+
+One ``PikaTransport`` per connection runs a pika ``SelectConnection`` on its
+own I/O thread; pika is not thread-safe, so every call from another thread is
+marshalled onto that thread (``post`` / blocking ``call`` and channel RPCs).
+Callbacks to the layers above (``ChannelHandler``, ``TransportListener``) run
+on the I/O thread and must not block.  pika exceptions are translated here,
+most specific first, and never leak.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import pika
+import pika.exceptions
+import pika.frame
+import pika.spec
+
+from ._exceptions import (
+    BrokerError,
+    ConnectionLostError,
+    IllegalStateError,
+    InvalidDestinationError,
+    JMSException,
+    ProtocolError,
+)
+from ._message import WireProperties
+
+__all__ = [
+    "ChannelHandler",
+    "Delivery",
+    "PikaTransport",
+    "TransportChannel",
+    "TransportListener",
+    "translate_error",
+]
+
+R = TypeVar("R")
+
+_NOT_FOUND = 404
+_RPC_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message the broker delivered to a consumer."""
+
+    delivery_tag: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: WireProperties
+
+
+class ChannelHandler(Protocol):
+    """Receives a channel's asynchronous events, on the I/O thread."""
+
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        """Publisher confirm (Basic.Ack / Basic.Nack)."""
+
+    def on_flow(self, active: bool) -> None:
+        """Channel.Flow from the broker."""
+
+    def on_deliver(self, delivery: Delivery) -> None:
+        """Basic.Deliver for a consumer of this channel."""
+
+    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
+        """Basic.Return of a mandatory publish."""
+
+    def on_channel_closed(self, error: JMSException) -> None:
+        """The broker closed the channel (not when the connection was lost)."""
+
+
+class TransportListener(Protocol):
+    """Receives connection-level events, on the I/O thread."""
+
+    def on_blocked(self, reason: str) -> None:
+        """connection.blocked."""
+
+    def on_unblocked(self) -> None:
+        """connection.unblocked."""
+
+    def on_lost(self, error: ConnectionLostError) -> None:
+        """The connection died without close() being called."""
+
+
+def translate_error(exc: BaseException) -> JMSException:
+    """The rabbitflow exception for a pika exception (most specific first)."""
+    if isinstance(exc, JMSException):
+        return exc
+    if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
+        code, text = exc.reply_code, exc.reply_text
+        if code == _NOT_FOUND:
+            return InvalidDestinationError(f"{code} {text}", reply_code=code)
+        return BrokerError(f"channel closed by broker: {code} {text}", reply_code=code)
+    if isinstance(
+        exc, pika.exceptions.ProbableAuthenticationError | pika.exceptions.ProbableAccessDeniedError
+    ):
+        return BrokerError(f"access refused: {exc}", reply_code=403)
+    if isinstance(exc, pika.exceptions.ConnectionClosedByBroker):
+        return ConnectionLostError(
+            f"connection closed by broker: {exc.reply_code} {exc.reply_text}"
+        )
+    if isinstance(exc, pika.exceptions.ChannelClosed | pika.exceptions.ChannelWrongStateError):
+        return ProtocolError(f"channel closed: {exc}")
+    if isinstance(
+        exc, pika.exceptions.AMQPConnectionError | pika.exceptions.ConnectionWrongStateError
+    ):
+        return ConnectionLostError(f"connection lost: {exc!r}")
+    if isinstance(exc, pika.exceptions.AMQPError):
+        return ProtocolError(f"AMQP error: {exc!r}")
+    if isinstance(exc, OSError):
+        return ConnectionLostError(f"connection lost: {exc!r}")
+    return JMSException(f"unexpected transport error: {exc!r}")
+
+
+def _to_pika(props: WireProperties) -> pika.BasicProperties:
+    return pika.BasicProperties(
+        content_type=props.content_type,
+        content_encoding=props.content_encoding,
+        headers=props.headers,
+        delivery_mode=props.delivery_mode,
+        priority=props.priority,
+        correlation_id=props.correlation_id,
+        reply_to=props.reply_to,
+        expiration=props.expiration,
+        message_id=props.message_id,
+        timestamp=props.timestamp,
+        type=props.type,
+    )
+
+
+def _from_pika(props: pika.BasicProperties) -> WireProperties:
+    return WireProperties(
+        content_type=props.content_type,
+        content_encoding=props.content_encoding,
+        headers=props.headers,
+        delivery_mode=props.delivery_mode,
+        priority=props.priority,
+        correlation_id=props.correlation_id,
+        reply_to=props.reply_to,
+        expiration=props.expiration,
+        message_id=props.message_id,
+        timestamp=props.timestamp,
+        type=props.type,
+    )
+
+
+class TransportChannel:
+    """One AMQP channel.  Blocking methods may be called from any thread but
+    the I/O thread; ``publish``/``ack``/``reject``/``qos_nowait`` only on the
+    I/O thread (inside ``PikaTransport.post``)."""
+
+    def __init__(self, transport: PikaTransport, channel: Any, handler: ChannelHandler) -> None:
+        self._transport = transport
+        self._channel = channel
+        self._handler = handler
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self.closing = False
+        self.closed = False
+        channel.add_on_close_callback(self._on_closed)
+        channel.add_on_flow_callback(self._on_flow)
+        channel.add_on_return_callback(self._on_return)
+        channel.add_on_cancel_callback(self._on_cancel)
+
+    @property
+    def number(self) -> int:
+        """The AMQP channel number."""
+        return int(self._channel.channel_number)
+
+    # ------------------------------------------------------- pika callbacks
+    def _on_closed(self, _channel: Any, reason: BaseException) -> None:
+        self.closed = True
+        error = translate_error(reason)
+        for future in list(self._pending):
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        if not self.closing and not self._transport.closing and not self._transport.lost:
+            self._handler.on_channel_closed(error)
+
+    def _on_flow(self, frame_or_active: Any) -> None:
+        # pika documents a bool but passes the Channel.Flow method frame.
+        method = getattr(frame_or_active, "method", frame_or_active)
+        active = bool(getattr(method, "active", method))
+        self._handler.on_flow(active)
+
+    def _on_return(self, _channel: Any, method: Any, _props: Any, _body: bytes) -> None:
+        self._handler.on_return(method.reply_code, method.reply_text, method.routing_key)
+
+    def _on_cancel(self, _frame: Any) -> None:
+        if not self.closing:
+            self._handler.on_channel_closed(
+                InvalidDestinationError("the broker cancelled the consumer (queue deleted?)")
+            )
+
+    def _on_confirm(self, frame: Any) -> None:
+        method = frame.method
+        self._handler.on_confirm(
+            method.delivery_tag, method.multiple, isinstance(method, pika.spec.Basic.Ack)
+        )
+
+    def _on_message(self, _channel: Any, method: Any, props: Any, body: bytes) -> None:
+        self._handler.on_deliver(
+            Delivery(
+                method.delivery_tag,
+                method.redelivered,
+                method.exchange,
+                method.routing_key,
+                body,
+                _from_pika(props),
+            )
+        )
+
+    # --------------------------------------------------------------- rpc
+    def _rpc(self, start: Callable[[Callable[[Any], None]], None]) -> Any:
+        """Run ``start(callback)`` on the I/O thread; wait for the callback's frame.
+
+        Raises:
+            JMSException: the channel or connection closed first (translated).
+        """
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def done(result: Any = None) -> None:
+            self._pending.discard(future)
+            if not future.done():
+                future.set_result(result)
+
+        def run() -> None:
+            if self.closed:
+                future.set_exception(ProtocolError("channel is closed"))
+                return
+            self._pending.add(future)
+            try:
+                start(done)
+            except Exception as exc:
+                self._pending.discard(future)
+                future.set_exception(translate_error(exc))
+
+        self._transport.post(run)
+        return self._transport.wait(future)
+
+    def confirm_select(self) -> None:
+        """Put the channel in confirm mode (acks go to ``on_confirm``).
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.confirm_delivery(self._on_confirm, callback=cb))
+
+    def tx_select(self) -> None:
+        """Put the channel in transaction mode.
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.tx_select(callback=cb))
+
+    def tx_commit(self) -> None:
+        """Commit (returns on tx.commit-ok; a flow-controlling broker may hold it).
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.tx_commit(callback=cb))
+
+    def tx_rollback(self) -> None:
+        """Roll back.
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.tx_rollback(callback=cb))
+
+    def qos(self, prefetch_count: int, *, global_qos: bool = True) -> None:
+        """Set the prefetch count and wait for qos-ok.
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(
+            lambda cb: self._channel.basic_qos(
+                prefetch_count=prefetch_count, global_qos=global_qos, callback=cb
+            )
+        )
+
+    def queue_declare(
+        self,
+        name: str,
+        *,
+        passive: bool = False,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[str, int, int]:
+        """Declare a queue; returns (name, message count, consumer count).
+
+        Raises:
+            InvalidDestinationError: passive and the queue does not exist (the
+                channel is then closed).
+            JMSException: another failure.
+        """
+        frame = self._rpc(
+            lambda cb: self._channel.queue_declare(
+                name,
+                passive=passive,
+                durable=durable,
+                exclusive=exclusive,
+                auto_delete=auto_delete,
+                arguments=arguments,
+                callback=cb,
+            )
+        )
+        method = frame.method
+        return str(method.queue), int(method.message_count), int(method.consumer_count)
+
+    def exchange_declare(
+        self, name: str, kind: str, *, durable: bool = True, passive: bool = False
+    ) -> None:
+        """Declare an exchange.
+
+        Raises:
+            JMSException: the broker refused (e.g. it exists with another type).
+        """
+        self._rpc(
+            lambda cb: self._channel.exchange_declare(
+                name, exchange_type=kind, durable=durable, passive=passive, callback=cb
+            )
+        )
+
+    def queue_bind(self, queue: str, exchange: str, routing_key: str) -> None:
+        """Bind ``queue`` to ``exchange``.
+
+        Raises:
+            JMSException: the broker refused.
+        """
+        self._rpc(
+            lambda cb: self._channel.queue_bind(
+                queue, exchange, routing_key=routing_key, callback=cb
+            )
+        )
+
+    def queue_delete(self, queue: str) -> None:
+        """Delete ``queue``.
+
+        Raises:
+            JMSException: the broker refused.
+        """
+        self._rpc(lambda cb: self._channel.queue_delete(queue, callback=cb))
+
+    def basic_consume(self, queue: str, *, exclusive: bool = False) -> str:
+        """Start consuming ``queue`` (deliveries go to ``on_deliver``); returns the tag.
+
+        Raises:
+            JMSException: the broker refused (e.g. no such queue).
+        """
+        tag: list[str] = []
+
+        def start(cb: Callable[[Any], None]) -> None:
+            tag.append(
+                self._channel.basic_consume(
+                    queue, self._on_message, auto_ack=False, exclusive=exclusive, callback=cb
+                )
+            )
+
+        self._rpc(start)
+        return tag[0]
+
+    def basic_consume_nowait(self, queue: str, *, exclusive: bool = False) -> None:
+        """basic.consume from the I/O thread without waiting for consume-ok."""
+        self._channel.basic_consume(queue, self._on_message, auto_ack=False, exclusive=exclusive)
+
+    def basic_cancel(self, consumer_tag: str) -> None:
+        """Stop a consumer.
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.basic_cancel(consumer_tag, callback=cb))
+
+    def basic_recover(self) -> None:
+        """Redeliver every unacked message of this channel.
+
+        Raises:
+            JMSException: the channel or connection failed.
+        """
+        self._rpc(lambda cb: self._channel.basic_recover(requeue=True, callback=cb))
+
+    def close(self) -> None:
+        """Close the channel (no error if it is already closed)."""
+        if self.closed or self.closing:
+            return
+        self.closing = True
+        if self._transport.lost or self._transport.closing:
+            return
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def run() -> None:
+            if self.closed:
+                future.set_result(None)
+                return
+            self._channel.add_on_close_callback(lambda *_: future.set_result(None))
+            try:
+                self._channel.close()
+            except pika.exceptions.AMQPError:
+                future.set_result(None)
+
+        self._transport.post(run)
+        # If the connection went away the channel is closed either way.
+        with contextlib.suppress(JMSException):
+            self._transport.wait(future)
+
+    # ---------------------------------------------------- I/O thread only
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, props: WireProperties, mandatory: bool
+    ) -> None:
+        """basic.publish (I/O thread only).
+
+        Raises:
+            JMSException: the channel is closed (translated).
+        """
+        try:
+            self._channel.basic_publish(
+                exchange, routing_key, body, _to_pika(props), mandatory=mandatory
+            )
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            raise translate_error(exc) from exc
+
+    def ack(self, tag: int, *, multiple: bool) -> None:
+        """basic.ack (I/O thread only; ignored on a closed channel)."""
+        if not self.closed and self._channel.is_open:
+            self._channel.basic_ack(tag, multiple=multiple)
+
+    def reject(self, tag: int, *, requeue: bool) -> None:
+        """basic.reject (I/O thread only; ignored on a closed channel)."""
+        if not self.closed and self._channel.is_open:
+            self._channel.basic_reject(tag, requeue=requeue)
+
+    def qos_nowait(self, prefetch_count: int) -> None:
+        """basic.qos global=true without waiting (I/O thread only)."""
+        if not self.closed and self._channel.is_open:
+            self._channel.basic_qos(prefetch_count=prefetch_count, global_qos=True)
+
+
+class PikaTransport:
+    """One AMQP connection on its own I/O thread."""
+
+    def __init__(
+        self,
+        url: str,
+        listener: TransportListener,
+        *,
+        heartbeat: int = 30,
+        connect_timeout: float = 10.0,
+        name: str = "rabbitflow",
+    ) -> None:
+        try:
+            params = pika.URLParameters(url)
+        except (ValueError, TypeError) as exc:
+            raise BrokerError(f"bad broker URL {url!r}: {exc}") from exc
+        params.heartbeat = heartbeat
+        params.blocked_connection_timeout = None
+        params.connection_attempts = 1
+        params.socket_timeout = connect_timeout
+        params.client_properties = {"connection_name": name}
+        self._params = params
+        self._listener = listener
+        self._connect_timeout = connect_timeout
+        self._connection: Any = None
+        self._thread: threading.Thread | None = None
+        self._name = name
+        self.closing = False
+        self.lost = False
+
+    @property
+    def alive(self) -> bool:
+        """True while the connection is open and not closing."""
+        return not (self.closing or self.lost) and self._connection is not None
+
+    def on_io_thread(self) -> bool:
+        """True when called from the I/O thread."""
+        return threading.current_thread() is self._thread
+
+    def connect(self) -> None:
+        """Open the connection and start the I/O thread.
+
+        Raises:
+            BrokerError: authentication / access refused, bad URL.
+            ConnectionLostError: the broker cannot be reached.
+        """
+        opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def on_open(_conn: Any) -> None:
+            opened.set_result(None)
+
+        def on_open_error(_conn: Any, error: BaseException | str) -> None:
+            exc = error if isinstance(error, BaseException) else ConnectionLostError(str(error))
+            if not opened.done():
+                opened.set_exception(translate_error(exc))
+            self._connection.ioloop.stop()
+
+        def on_closed(_conn: Any, reason: BaseException) -> None:
+            was_closing = self.closing
+            if opened.done() and not was_closing and not self.lost:
+                self.lost = True
+                error = translate_error(reason)
+                lost = (
+                    error
+                    if isinstance(error, ConnectionLostError)
+                    else ConnectionLostError(str(error))
+                )
+                self._listener.on_lost(lost)
+            self._connection.ioloop.stop()
+
+        connection = pika.SelectConnection(
+            self._params,
+            on_open_callback=on_open,
+            on_open_error_callback=on_open_error,
+            on_close_callback=on_closed,
+        )
+        connection.add_on_connection_blocked_callback(
+            lambda _conn, frame: self._listener.on_blocked(str(frame.method.reason))
+        )
+        connection.add_on_connection_unblocked_callback(
+            lambda _conn, _frame: self._listener.on_unblocked()
+        )
+        self._connection = connection
+        self._thread = threading.Thread(target=self._run, name=f"{self._name}-io", daemon=True)
+        self._thread.start()
+        try:
+            opened.result(timeout=self._connect_timeout + 5)
+        except concurrent.futures.TimeoutError:
+            self.lost = True
+            self.post(self._connection.close)
+            raise ConnectionLostError(
+                f"timed out connecting to {self._params.host}:{self._params.port}"
+            ) from None
+        except JMSException:
+            self.lost = True
+            raise
+
+    def _run(self) -> None:
+        try:
+            self._connection.ioloop.start()
+        except Exception as exc:  # a pika bug must not hang the application
+            if not self.lost and not self.closing:
+                self.lost = True
+                self._listener.on_lost(ConnectionLostError(f"I/O loop failed: {exc!r}"))
+
+    def post(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread soon (at once when already on it)."""
+        if self.on_io_thread():
+            fn()
+            return
+        # Loop gone: the connection is lost and recovery will run.
+        with contextlib.suppress(RuntimeError, AttributeError, OSError, pika.exceptions.AMQPError):
+            self._connection.ioloop.add_callback_threadsafe(fn)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread after ``delay`` seconds (from the I/O thread)."""
+        self._connection.ioloop.call_later(delay, fn)
+
+    def wait(self, future: concurrent.futures.Future[R]) -> R:
+        """Wait for an RPC result from another thread.
+
+        Raises:
+            IllegalStateError: called on the I/O thread (would deadlock).
+            ConnectionLostError: the connection died while waiting.
+            JMSException: the RPC failed (translated).
+        """
+        if self.on_io_thread():
+            raise IllegalStateError("blocking call on the rabbitflow I/O thread")
+        deadline = _RPC_TIMEOUT
+        while True:
+            if self.lost and not future.done():
+                raise ConnectionLostError("connection lost")
+            try:
+                return future.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                deadline -= 0.2
+                if deadline <= 0:
+                    raise ProtocolError("the broker did not answer within 30 s") from None
+
+    def open_channel(self, handler: ChannelHandler) -> TransportChannel:
+        """Open a channel whose events go to ``handler``.
+
+        Raises:
+            ConnectionLostError: the connection is gone.
+            JMSException: the broker refused.
+        """
+        if not self.alive:
+            raise ConnectionLostError("connection is not open")
+        future: concurrent.futures.Future[TransportChannel] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                self._connection.channel(
+                    on_open_callback=lambda ch: future.set_result(
+                        TransportChannel(self, ch, handler)
+                    )
+                )
+            except Exception as exc:
+                future.set_exception(translate_error(exc))
+
+        self.post(run)
+        return self.wait(future)
+
+    def close(self) -> None:
+        """Close the connection and stop the I/O thread (idempotent)."""
+        if self.closing:
+            return
+        self.closing = True
+        if not self.lost and self._connection is not None:
+
+            def run() -> None:
+                if self._connection.is_open:
+                    self._connection.close()
+                elif not self._connection.is_closed:
+                    pass  # opening/closing already: on_closed stops the loop
+
+            self.post(run)
+        thread = self._thread
+        if thread is not None and not self.on_io_thread():
+            thread.join(timeout=10)
