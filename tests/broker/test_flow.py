@@ -122,7 +122,7 @@ def test_transition_table_has_only_the_two_moves() -> None:
 
 def test_illegal_transition_names_state_and_input() -> None:
     flow = _flow()
-    with pytest.raises(IllegalTransition, match="OFF.*UNDERFULL"):
+    with pytest.raises(IllegalTransition, match=r"OFF.*UNDERFULL"):
         flow._move(FlowInput.UNDERFULL)
 
 
@@ -130,18 +130,18 @@ def test_illegal_transition_names_state_and_input() -> None:
 
 
 def test_resume_above_stop_is_refused_naming_resume() -> None:
-    with pytest.raises(ThresholdError, match="qpid.flow_resume_count"):
+    with pytest.raises(ThresholdError, match=r"qpid\.flow_resume_count"):
         Thresholds(stop_count=10, resume_count=20)
 
 
 def test_negative_is_refused_naming_it() -> None:
-    with pytest.raises(ThresholdError, match="qpid.flow_stop_size"):
+    with pytest.raises(ThresholdError, match=r"qpid\.flow_stop_size"):
         Thresholds(stop_size=-1)
 
 
 @pytest.mark.parametrize("value", ["100", 1.5, True, None])
 def test_non_integer_argument_is_refused(value: object) -> None:
-    with pytest.raises(ThresholdError, match="qpid.flow_stop_count"):
+    with pytest.raises(ThresholdError, match=r"qpid\.flow_stop_count"):
         thresholds_from_arguments({"qpid.flow_stop_count": value})
 
 

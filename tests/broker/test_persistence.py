@@ -36,5 +36,5 @@ async def test_missing_file_is_empty(tmp_path: Path) -> None:
 async def test_corrupt_file_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     path.write_text("{not json")
-    with pytest.raises(PersistenceError, match="state.json"):
+    with pytest.raises(PersistenceError, match=r"state\.json"):
         await FileThresholdStore(path).load()
