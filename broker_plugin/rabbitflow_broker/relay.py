@@ -238,7 +238,9 @@ class Relay:
         ]
         try:
             _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            # Let the other direction drain what is already queued (e.g. a Close-Ok).
+            # One side is gone: close both (buffered bytes such as a Close-Ok
+            # are still flushed), which ends the other loop too.
+            self.abort()
             if pending:
                 await asyncio.wait(pending, timeout=_CLOSE_GRACE_S)
             for task in tasks:
@@ -251,6 +253,12 @@ class Relay:
             self.gateway.unregister(self)
             self._channels.clear()
             await self._close_transports()
+
+    def abort(self) -> None:
+        """Close both sockets; :meth:`run` then returns (gateway shutdown)."""
+        for writer in (self._cwriter, self._uwriter):
+            if writer is not None and not writer.is_closing():
+                writer.close()
 
     async def _close_transports(self) -> None:
         writers = [w for w in (self._cwriter, self._uwriter) if w is not None]

@@ -95,7 +95,7 @@ class GatewayService:
         self._server: asyncio.Server | None = None
         self._admin: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._relays: set[asyncio.Task[None]] = set()
+        self._relays: dict[asyncio.Task[Any], Relay] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._last_totals: dict[tuple[str, str], tuple[int, int]] = {}
         self.port = 0
@@ -142,9 +142,13 @@ class GatewayService:
             task.cancel()
         if self._server is not None:
             self._server.close()
-        for task in list(self._relays):
-            task.cancel()
-        for task in [*self._tasks, *self._relays]:
+        # Closing the sockets ends each relay's loops normally; cancelling
+        # the server's connection tasks would make asyncio log them.
+        for relay in list(self._relays.values()):
+            relay.abort()
+        if self._relays:
+            await asyncio.wait(list(self._relays), timeout=5)
+        for task in [*self._tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._server is not None:
@@ -170,14 +174,15 @@ class GatewayService:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._relays.add(task)
+        relay = Relay(self.gateway, reader, writer)
+        self._relays[task] = relay
         try:
-            await Relay(self.gateway, reader, writer).run()
+            await relay.run()
         except Exception:
             _log.exception("relay failed")
             writer.close()
         finally:
-            self._relays.discard(task)
+            del self._relays[task]
 
     # -- management-API loops --------------------------------------------------
 

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from integration.broker.conftest import RunningGateway, wait_for
+from integration.conftest import Broker
 from rabbitflow_broker.persistence import RabbitMQThresholdStore
 
 
@@ -169,3 +170,93 @@ def test_queue_list_shows_blocked_channels(
     assert blocked["channel"] == channel.channel_number
     assert blocked["user"] == "guest"
     connection.close()
+
+
+def test_tx_commit_ok_is_held_until_queue_is_underfull(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("tx")
+    cleanup_queues.append(queue)
+    producer = gateway.connect()
+    channel = producer.channel()
+    channel.queue_declare(queue, arguments={"qpid.flow_stop_count": 2, "qpid.flow_resume_count": 1})
+    channel.tx_select()
+    for i in range(3):
+        channel.basic_publish("", queue, f"t{i}".encode())
+    assert gateway.queue(queue)["messages"] == 0  # not enqueued before commit
+    committed = threading.Event()
+
+    def commit() -> None:
+        channel.tx_commit()
+        committed.set()
+
+    thread = threading.Thread(target=commit, daemon=True)
+    thread.start()
+    wait_for(
+        lambda: any(c["heldCommits"] == 1 for c in gateway.channels()),
+        what="commit-ok held by the gateway",
+    )
+    assert gateway.queue(queue)["messages"] == 3
+    assert not committed.is_set()
+    consumer = gateway.connect()
+    drain = consumer.channel()
+    for _ in range(3):
+        method, _props, _body = drain.basic_get(queue, auto_ack=True)
+        assert method is not None
+    assert committed.wait(20), "tx.commit-ok never released"
+    consumer.close()
+    producer.close()
+
+
+def test_consumer_on_a_blocked_channel_keeps_receiving(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    full, other = unique_name("full"), unique_name("feed")
+    cleanup_queues.extend([full, other])
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.queue_declare(full, arguments={"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
+    channel.queue_declare(other)
+    channel.basic_publish("", full, b"1")
+    channel.basic_publish("", full, b"2")
+    wait_for(lambda: gateway.queue(full)["blockedChannels"], what="the publishing channel flowed")
+    feeder = gateway.connect()
+    feeder_channel = feeder.channel()
+    feeder_channel.confirm_delivery()
+    feeder_channel.basic_publish("", other, b"for the consumer")
+    method, _props, body = channel.basic_get(other, auto_ack=True)
+    assert method is not None
+    assert body == b"for the consumer"
+    feeder.close()
+    connection.close()
+
+
+def test_depth_catches_up_with_traffic_that_bypasses_the_gateway(
+    gateway: RunningGateway,
+    broker: Broker,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    queue = unique_name("bypass")
+    cleanup_queues.append(queue)
+    connection = gateway.connect()
+    connection.channel().queue_declare(
+        queue, arguments={"qpid.flow_stop_count": 5, "qpid.flow_resume_count": 2}
+    )
+    connection.close()
+    direct = broker.blocking_connection()
+    direct_channel = direct.channel()
+    for _ in range(8):
+        direct_channel.basic_publish("", queue, b"direct")
+    wait_for(
+        lambda: (q := gateway.queue(queue))["messages"] == 8 and q["flowStopped"],
+        timeout=30,
+        what="reconciled depth 8 and flow on",
+    )
+    direct_channel.queue_purge(queue)
+    direct.close()
+    wait_for(
+        lambda: (q := gateway.queue(queue))["messages"] == 0 and not q["flowStopped"],
+        timeout=30,
+        what="reconciled depth 0 and flow off",
+    )
