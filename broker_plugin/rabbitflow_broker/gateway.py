@@ -173,6 +173,10 @@ class Gateway:
         """Wall-clock time for event timestamps."""
         return self._clock()
 
+    def monotonic(self) -> float:
+        """Monotonic seconds for durations (settle times, flow enforcement)."""
+        return self._monotonic()
+
     # -- thresholds ----------------------------------------------------------
 
     def _pct(self) -> tuple[int, int]:

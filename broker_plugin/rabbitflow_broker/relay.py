@@ -30,7 +30,7 @@ from pamqp import commands
 
 from rabbitflow_broker.confirms import Confirm, ConfirmTracker
 from rabbitflow_broker.depth import ChannelDeliveries
-from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved
+from rabbitflow_broker.events import ALL_QUEUES, ChannelFlowEnforced, ChannelFlowRemoved
 from rabbitflow_broker.flow import ThresholdError
 from rabbitflow_broker.frames import (
     FRAME_BODY,
@@ -121,6 +121,9 @@ class _Channel:
     delivery: tuple[str, int, bool] | None = None  # queue, delivery tag, no_ack
     last_queue: str = ""
     blockers: dict[str, None] = field(default_factory=dict)
+    # When the channel was flowed and how often it published since (CHN-1012, issue 4).
+    flowed_at: float | None = None
+    publishes_while_flowed: int = 0
     publisher: bool = False
     # The gateway closed it towards the client: drop client frames until CloseOk.
     closed_by_gateway: bool = False
@@ -158,7 +161,7 @@ class Relay:
         # frames of a client that reopens the number meanwhile wait here.
         self._upstream_closing: dict[int, list[bytes]] = {}
         self._in_upstream_chunk = False
-        self._closing = False
+        self._in_client_chunk = False
         self._log = _log.bind(
             connection=self.number, remote=f"{self.remote_host}:{self.remote_port}"
         )
@@ -279,12 +282,15 @@ class Relay:
                 return
             if not data:
                 return
+            self._in_client_chunk = True
             try:
                 buffer, frames = self._from_client.feed(data)
                 parts = self._process(buffer, frames, self._client_frame, self._to_upstream)
             except FrameError as exc:
                 await self._protocol_error(exc)
                 return
+            finally:
+                self._in_client_chunk = False
             if parts:
                 upstream.write(b"".join(parts) if len(parts) > 1 else parts[0])
                 try:
@@ -494,7 +500,8 @@ class Relay:
             try:
                 self.gateway.validate_declare(arguments)
             except ThresholdError as exc:
-                self._refuse(channel, PRECONDITION_FAILED, str(exc), (50, 10))
+                self._log.info("refusing declare", channel=number, reason=str(exc))
+                self.close_channel(number, PRECONDITION_FAILED, str(exc), (50, 10))
                 return False
         info = (method.queue, arguments, method.passive)
         if method.nowait:
@@ -503,17 +510,32 @@ class Relay:
             channel.pending.append(((50, 11), info))
         return True
 
-    def _refuse(self, channel: _Channel, code: int, text: str, ids: tuple[int, int]) -> None:
-        """Close a channel towards the client and upstream; others go on."""
-        number = channel.number
-        reply = f"PRECONDITION_FAILED - {text}"[:255]
-        self._log.info("refusing declare", channel=number, reason=text)
+    def close_channel(
+        self, number: int, code: int, text: str, ids: tuple[int, int] = (0, 0)
+    ) -> None:
+        """Close one channel towards the client and upstream; the rest go on.
+
+        Used for refused declares and (issue 4) for channels that ignore
+        flow control (CHN-1012).  Frames the client still sends on the
+        channel are dropped until its ``Channel.CloseOk``; a reopen of the
+        number waits until RabbitMQ has closed its side.
+        """
+        channel = self._channels.get(number)
+        if channel is None or channel.closed_by_gateway:
+            return
+        reply = f"{_reply_text(code)} - {text}"[:255]
         self._send_client(
             number, encode_method(number, commands.Channel.Close(code, reply, ids[0], ids[1]))
         )
-        self._to_upstream.append(
-            encode_method(number, commands.Channel.Close(200, "closed by gateway", 0, 0))
+        upstream_close = encode_method(
+            number, commands.Channel.Close(200, "closed by gateway", 0, 0)
         )
+        if self._in_client_chunk:
+            self._to_upstream.append(upstream_close)
+        elif self._uwriter is not None and not self._uwriter.is_closing():
+            self._uwriter.write(upstream_close)
+        if channel.blockers:
+            channel.blockers.clear()
         channel.closed_by_gateway = True
         self._upstream_closing[number] = []
         channel.deliveries.requeue_all()
@@ -540,6 +562,8 @@ class Relay:
         exchange, routing_key = channel.publish
         channel.publish = None
         channel.publisher = True
+        if channel.blockers:
+            channel.publishes_while_flowed += 1
         vhost = self.vhost
         try:
             route = self.gateway.routing.route(vhost, exchange, routing_key, headers)
@@ -844,6 +868,8 @@ class Relay:
         if not first:
             return
         number = channel.number
+        channel.flowed_at = self.gateway.monotonic()
+        channel.publishes_while_flowed = 0
         self._send_client(number, encode_method(number, commands.Channel.Flow(active=False)))
         self.gateway.emit(
             ChannelFlowEnforced(
@@ -875,8 +901,6 @@ class Relay:
                 channel.held_commits.pop(0)
                 self._send_client(number, encode_method(number, commands.Tx.CommitOk()))
             if vhost_blocked and channel.publisher:
-                from rabbitflow_broker.events import ALL_QUEUES
-
                 self._block(channel, ALL_QUEUES)
             if channel.blockers:
                 for blocker in list(channel.blockers):
@@ -887,6 +911,7 @@ class Relay:
 
     def _unblock(self, channel: _Channel) -> None:
         number = channel.number
+        channel.flowed_at = None
         self._send_client(number, encode_method(number, commands.Channel.Flow(active=True)))
         self.gateway.emit(
             ChannelFlowRemoved(

@@ -132,7 +132,7 @@ class GatewayService:
         _log.info(
             "gateway listening",
             listen=f"{host}:{self.port}",
-            upstream=self.config.upstream,
+            upstream="{}:{}".format(*self.config.upstream_address),
             admin=f"{admin_host}:{self.admin_port}",
         )
 
