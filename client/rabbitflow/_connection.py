@@ -202,6 +202,9 @@ class Connection:
         """
         self._check_not_closed()
         self._started = True
+        with self._flow_lock:
+            if not self._flow.active:
+                self._apply(self._flow.activate())
         for consumer in list(self._consumers.values()):
             consumer._wake()
 

@@ -55,7 +55,7 @@ class MessageConsumer:
         self._listener_thread: threading.Thread | None = None
         self._closed = False
         self._error: JMSException | None = None
-        self._consumer_tag: str | None = None
+        self._pending: tuple[int, Delivery] | None = None  # in the listener
 
     @property
     def destination(self) -> Destination:
@@ -98,7 +98,7 @@ class MessageConsumer:
         """
         return self.receive(0)
 
-    def _receive(self, timeout: float | None) -> Message | None:
+    def _receive(self, timeout: float | None, *, listening: bool = False) -> Message | None:
         connection = self._session.connection
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -116,7 +116,16 @@ class MessageConsumer:
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
-        return self._session._deliver(self, generation, delivery)
+        try:
+            message = self._session._to_message(self, delivery)
+        except JMSException:
+            self._session._processed(self, generation, delivery)
+            raise
+        if not listening:
+            self._session._processed(self, generation, delivery)
+            return message
+        self._pending = (generation, delivery)
+        return message
 
     # ------------------------------------------------------------ listener
     def set_message_listener(self, listener: MessageListener | None) -> None:
@@ -156,7 +165,7 @@ class MessageConsumer:
                 if listener is None or self._closed:
                     return
                 try:
-                    message = self._receive(0.2)
+                    message = self._receive(0.2, listening=True)
                 except JMSException as exc:
                     self._session.connection._report(exc)
                     return
@@ -168,6 +177,11 @@ class MessageConsumer:
                     _log.exception(
                         "Message listener raised", consumer=self.id, message_id=message.message_id
                     )
+                finally:
+                    # Open MQ counts a message as consumed when the listener returns.
+                    pending, self._pending = self._pending, None
+                    if pending is not None:
+                        self._session._processed(self, *pending)
         finally:
             with self._cond:
                 self._listener_thread = None

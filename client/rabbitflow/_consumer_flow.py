@@ -80,7 +80,7 @@ class ConsumerFlowStats:
 @dataclass(slots=True)
 class _Consumer:
     limit: int
-    threshold: int
+    threshold_pct: int
     app_acks: bool
     buffered: int = 0
     credit: int = 0
@@ -88,6 +88,7 @@ class _Consumer:
     last_tag: int = 0  # last processed delivery tag, for acks
     ack_pending: bool = False  # held messages whose ack is due (app acked / batch)
     consuming: bool = False
+    prefetch_sent: int = 0  # last prefetch count asked of the broker (0: none yet)
     delivered: int = 0
     processed: int = 0
     max_buffered: int = 0
@@ -100,6 +101,21 @@ class ConnectionFlow:
     def __init__(self, connection_limit: int | None = None) -> None:
         self.connection_limit = connection_limit
         self._consumers: dict[int, _Consumer] = {}
+        self.active = False  # no credit is granted before the connection starts
+
+    def activate(self, active: bool = True) -> list[FlowAction]:
+        """The connection started: grant first credits (stop does not revoke any)."""
+        self.active = active
+        return self._rebalance()
+
+    def _limits(self, c: _Consumer) -> tuple[int, int]:
+        """The consumer's effective (limit, threshold count): with a connection
+        limit, each consumer's limit is capped at an even share of it, so one
+        busy (or idle but credited) consumer cannot starve the others."""
+        limit = c.limit
+        if self.connection_limit is not None and self._consumers:
+            limit = min(limit, max(1, self.connection_limit // len(self._consumers)))
+        return limit, limit * c.threshold_pct // 100
 
     # ---------------------------------------------------------------- queries
     @property
@@ -141,7 +157,7 @@ class ConnectionFlow:
             raise ValueError(f"consumer {consumer} already registered")
         if limit < 1 or not 0 <= threshold_pct <= 100:
             raise ValueError(f"bad limit {limit} / threshold {threshold_pct}")
-        self._consumers[consumer] = _Consumer(limit, limit * threshold_pct // 100, app_acks)
+        self._consumers[consumer] = _Consumer(limit, threshold_pct, app_acks)
         return self._rebalance()
 
     def unregister(self, consumer: int) -> list[FlowAction]:
@@ -157,6 +173,7 @@ class ConnectionFlow:
         c.last_tag = 0
         c.ack_pending = False
         c.consuming = False
+        c.prefetch_sent = 0
         return self._rebalance()
 
     def delivered(self, consumer: int) -> None:
@@ -167,15 +184,9 @@ class ConnectionFlow:
         c.delivered += 1
         c.max_buffered = max(c.max_buffered, c.buffered)
 
-    def discarded(self, consumer: int) -> list[FlowAction]:
-        """A buffered message was dropped unprocessed (recover/rollback/close):
-        the broker redelivers it, so it no longer counts as buffered nor held."""
-        c = self._consumers[consumer]
-        c.buffered = max(c.buffered - 1, 0)
-        return self._rebalance()
-
     def processed(self, consumer: int, tag: int) -> list[FlowAction]:
-        """The application took delivery ``tag`` (receive returned / listener called)."""
+        """The application is done with delivery ``tag`` (receive() returned it,
+        or the listener returned)."""
         c = self._consumers[consumer]
         c.buffered = max(c.buffered - 1, 0)
         c.held += 1
@@ -193,14 +204,6 @@ class ConnectionFlow:
             c.ack_pending = True
         return self._rebalance() + self._flush_ack(consumer, c)
 
-    def forget_held(self, consumer: int) -> list[FlowAction]:
-        """Held messages will be redelivered (recover / rollback): drop them
-        from the accounting without acking and shrink the prefetch to match."""
-        c = self._consumers[consumer]
-        c.held = 0
-        c.ack_pending = False
-        return self._rebalance()
-
     # --------------------------------------------------------------- internal
     def _prefetch(self, c: _Consumer) -> int:
         return c.buffered + (0 if c.ack_pending else c.held) + c.credit
@@ -214,8 +217,17 @@ class ConnectionFlow:
             return []  # starved by the connection pool: ack with the next grant
         c.held = 0
         c.ack_pending = False
-        # The lower prefetch must reach the broker before the ack frees room.
-        return [SetPrefetch(cid, count), Ack(cid, c.last_tag)]
+        # A lower prefetch must reach the broker before the ack frees room.
+        return [*self._set_prefetch(cid, c), Ack(cid, c.last_tag)]
+
+    def _set_prefetch(self, cid: int, c: _Consumer) -> list[FlowAction]:
+        """SetPrefetch if the count changed: with a constant prefetch (no
+        connection limit, AUTO/DUPS_OK) refills are driven by acks alone."""
+        count = self._prefetch(c)
+        if count < 1 or count == c.prefetch_sent:
+            return []
+        c.prefetch_sent = count
+        return [SetPrefetch(cid, count)]
 
     @staticmethod
     def _pool_use(c: _Consumer) -> int:
@@ -226,12 +238,15 @@ class ConnectionFlow:
 
     def _rebalance(self) -> list[FlowAction]:
         actions: list[FlowAction] = []
+        if not self.active:
+            return actions
         total = sum(self._pool_use(c) for c in self._consumers.values())
         for cid, c in self._consumers.items():
+            limit, threshold = self._limits(c)
             outstanding = c.buffered + c.credit
-            if outstanding > c.threshold:
+            if outstanding > threshold:
                 continue
-            grant = c.limit - outstanding
+            grant = limit - outstanding
             if self.connection_limit is not None:
                 # Acking our own deferred messages with this grant frees them.
                 available = self.connection_limit - (total - self._pool_use(c)) - outstanding
@@ -243,7 +258,7 @@ class ConnectionFlow:
                 if c.ack_pending and c.held:
                     actions += self._flush_ack(cid, c)
                 else:
-                    actions.append(SetPrefetch(cid, self._prefetch(c)))
+                    actions += self._set_prefetch(cid, c)
                 if not c.consuming:
                     c.consuming = True
                     actions.append(StartConsuming(cid))

@@ -131,6 +131,11 @@ class MessageProducer:
         return self._window.resent_count
 
     @property
+    def resent_unconfirmed_count(self) -> int:
+        """Alias of ``resent_count``."""
+        return self._window.resent_count
+
+    @property
     def unconfirmed_count(self) -> int:
         """Messages sent and not yet confirmed."""
         with self._cond:

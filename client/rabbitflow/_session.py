@@ -326,9 +326,17 @@ class Session:
             # Closing the channel returns every unacked message to the queue.
             channel.close()
 
-    def _deliver(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> Message:
-        """Turn a buffered delivery into the application's message (counts as processed)."""
-        self.connection._flow_processed(consumer.id, delivery.delivery_tag)
+    def _processed(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> None:
+        """The application is done with ``delivery`` (ack bookkeeping, refills)."""
+        if generation == consumer._generation:
+            self.connection._flow_processed(consumer.id, delivery.delivery_tag)
+
+    def _to_message(self, consumer: MessageConsumer, delivery: Delivery) -> Message:
+        """The application's message for a buffered delivery.
+
+        Raises:
+            MessageFormatError: a text body that cannot be decoded.
+        """
         message = Message.from_wire(
             delivery.body,
             delivery.properties,

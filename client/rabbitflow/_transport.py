@@ -554,6 +554,10 @@ class PikaTransport:
             if not self.lost and not self.closing:
                 self.lost = True
                 self._listener.on_lost(ConnectionLostError(f"I/O loop failed: {exc!r}"))
+        finally:
+            # Releases the loop's wake-up socket pair.
+            with contextlib.suppress(Exception):
+                self._connection.ioloop.close()
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread soon (at once when already on it)."""
