@@ -1,0 +1,611 @@
+"""``rabbitflow-demo``: the Qpid flow-control example, live.
+
+A queue with ``qpid.flow_stop_count=100`` and ``qpid.flow_resume_count=50``;
+two rabbitflow producers (capacities 50 and 15) sending as fast as they
+can; a slow consumer that starts once the queue is overfull.  The demo
+prints the depth and flow state every half second and each event as it
+happens, then a summary: the peak depth against the bound
+100 + 50 + 15 = 165, the events seen, how long each producer waited,
+messages sent and received, and an exactly-once / in-order check.
+
+Without ``--gateway-url`` it finds RabbitMQ (``--rabbitmq-url``, default
+``$RABBITMQ_URL``, else ``amqp://guest:guest@127.0.0.1:5672/%2F``), or
+starts a throwaway node when none answers, and runs the gateway in-process
+on free ports; events then come straight from the gateway.  With
+``--gateway-url URL --admin-url URL`` it uses an already-running gateway
+(docker-compose) and reports the flow transitions it observes through the
+admin API.  The queue is deleted at the end.  Exit status 0 when every
+check holds, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
+
+import pika
+import structlog
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import Event
+from rabbitflow_broker.rabbitmq_node import (
+    RabbitMQNode,
+    amqp_handshake_ok,
+    host_port,
+    rabbitmq_available,
+)
+from rabbitflow_broker.service import EventSink, GatewayService
+
+__all__ = ["DemoOptions", "DemoResult", "main", "run"]
+
+STOP, RESUME = 100, 50
+CAPACITIES = {"a": 50, "b": 15}
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+#: Longest the whole demo may run before it gives up and reports what it saw.
+DEADLINE_S = 120.0
+#: A send() taking longer than this was held by flow control or a full window.
+_WAIT_EPSILON_S = 0.005
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoOptions:
+    """What to run against and how much."""
+
+    messages: int = 500
+    consume_rate: float = 100.0
+    gateway_url: str | None = None
+    admin_url: str | None = None
+    rabbitmq_url: str | None = None
+    management_url: str | None = None
+    interval: float = 0.5
+
+
+@dataclass
+class ProducerStats:
+    """One producer's side of the run."""
+
+    pid: str
+    capacity: int
+    sent: int = 0
+    waited_s: float = 0.0
+    longest_wait_s: float = 0.0
+    waits: int = 0
+    error: str | None = None
+
+
+@dataclass
+class DemoResult:
+    """What the demo observed; :attr:`ok` when every check holds."""
+
+    queue: str
+    bound: int
+    peak: int = 0
+    events: Counter[str] = field(default_factory=Counter)
+    producers: list[ProducerStats] = field(default_factory=list)
+    received: int = 0
+    expected: int = 0
+    in_order: bool = False
+    flow_stopped_count: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every check held."""
+        return not self.problems
+
+
+class _Printer:
+    """Serialises output lines from the demo's threads; stamps them with elapsed time."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            print(f"{time.monotonic() - self._t0:6.1f}s  {text}", file=self._out, flush=True)
+
+    def plain(self, text: str = "") -> None:
+        with self._lock:
+            print(text, file=self._out, flush=True)
+
+
+class _DemoSink(EventSink):
+    """Counts and prints gateway events of the demo queue instead of logging them."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.on_event: Callable[[Event], None] = lambda _event: None
+
+    def __call__(self, event: Event) -> None:
+        self.on_event(event)
+
+
+class _ClientLogHandler(logging.Handler):
+    """Shows the SDK's flow-control log records as event lines."""
+
+    def __init__(self, printer: _Printer) -> None:
+        super().__init__(logging.INFO)
+        self._printer = printer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        producer = getattr(record, "producer", None)
+        who = f"producer {producer}" if producer is not None else "client"
+        self._printer.line(f"[{who}] {record.levelname} {record.getMessage()}")
+
+
+# -- the gateway ----------------------------------------------------------------------
+
+
+class _InProcessGateway:
+    """A GatewayService on free ports, driven by its own event-loop thread."""
+
+    def __init__(self, upstream: str, management_url: str, sink: EventSink) -> None:
+        self.config = GatewayConfig(
+            listen="127.0.0.1:0",
+            admin_listen="127.0.0.1:0",
+            upstream=upstream,
+            management_url=management_url,
+        )
+        self.service = GatewayService(self.config, sink=sink)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.service.start(), self._loop).result(timeout=60)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.service.stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def depth(self, vhost: str, queue: str) -> int:
+        """The gateway's own count for the queue (read on its loop)."""
+
+        async def read() -> int:
+            return self.service.gateway.depth.get((vhost, queue)).messages
+
+        return asyncio.run_coroutine_threadsafe(read(), self._loop).result(timeout=5)
+
+
+def _with_credentials(url: str, base: str) -> str:
+    """``url``'s host and port with ``base``'s credentials and vhost."""
+    target, source = urlsplit(url), urlsplit(base)
+    netloc = target.hostname or "127.0.0.1"
+    if target.port:
+        netloc += f":{target.port}"
+    if source.username:
+        netloc = f"{source.username}:{source.password or ''}@{netloc}"
+    return urlunsplit(("amqp", netloc, source.path or "/%2F", "", ""))
+
+
+# -- admin API ---------------------------------------------------------------------------
+
+
+def _admin_queue(admin_url: str, vhost: str, queue: str) -> dict[str, Any] | None:
+    path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+    try:
+        with urllib.request.urlopen(admin_url.rstrip("/") + path, timeout=5) as response:
+            body = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+# -- producers and consumer --------------------------------------------------------------
+
+
+def _producer(
+    url: str, queue: str, stats: ProducerStats, count: int, halt: threading.Event
+) -> None:
+    import rabbitflow
+
+    try:
+        factory = rabbitflow.ConnectionFactory(url)
+        with factory.create_connection() as connection:
+            session = connection.create_session()
+            producer = session.create_producer(session.create_queue(queue), capacity=stats.capacity)
+            for seq in range(count):
+                if halt.is_set():
+                    break
+                message = session.create_text_message(f"{stats.pid}:{seq}")
+                started = time.monotonic()
+                producer.send(message)
+                took = time.monotonic() - started
+                stats.sent += 1
+                if took > _WAIT_EPSILON_S:
+                    stats.waited_s += took
+                    stats.waits += 1
+                    stats.longest_wait_s = max(stats.longest_wait_s, took)
+            producer.close()
+    except Exception as exc:  # the summary reports it; the demo must not die mid-way
+        stats.error = f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _ConsumerState:
+    received: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def _consumer(
+    *,
+    url: str,
+    queue: str,
+    state: _ConsumerState,
+    expected: int,
+    rate: float,
+    start: threading.Event,
+    halt: threading.Event,
+) -> None:
+    import rabbitflow
+
+    start.wait()
+    if halt.is_set():
+        return
+    try:
+        factory = rabbitflow.ConnectionFactory(url)
+        with factory.create_connection() as connection:
+            # CLIENT_ACKNOWLEDGE with an acknowledge() per message: the SDK's
+            # AUTO_ACKNOWLEDGE defers acks until it grants more credit, so
+            # received messages would keep counting in the queue's depth.
+            session = connection.create_session(
+                transacted=False, acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE
+            )
+            consumer = session.create_consumer(session.create_queue(queue))
+            connection.start()
+            pause = 1.0 / rate if rate > 0 else 0.0
+            while len(state.received) < expected and not halt.is_set():
+                message = consumer.receive(timeout=0.5)
+                if message is None:
+                    continue
+                state.received.append(message.body_bytes().decode())
+                message.acknowledge()
+                # Pacing, not waiting on a condition: this consumer is slow on purpose.
+                halt.wait(pause)
+            consumer.close()
+    except Exception as exc:
+        state.error = f"{type(exc).__name__}: {exc}"
+
+
+def _in_order(received: Sequence[str], counts: dict[str, int]) -> bool:
+    per: dict[str, list[int]] = {pid: [] for pid in counts}
+    for text in received:
+        pid, _, seq = text.partition(":")
+        if pid not in per or not seq.isdigit():
+            return False
+        per[pid].append(int(seq))
+    return all(per[pid] == list(range(n)) for pid, n in counts.items())
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _rabbitmq(options: DemoOptions, printer: _Printer) -> Iterator[tuple[str, str]]:
+    url = options.rabbitmq_url or os.environ.get("RABBITMQ_URL") or DEFAULT_RABBITMQ_URL
+    host, port = host_port(url)
+    if amqp_handshake_ok(host, port, timeout=3):
+        management = (
+            options.management_url
+            or os.environ.get("RABBITMQ_MANAGEMENT_URL")
+            or f"http://{host}:15672"
+        )
+        printer.plain(f"RabbitMQ: {host}:{port} (management {management})")
+        yield url, management
+        return
+    if not rabbitmq_available():
+        raise RuntimeError(f"no RabbitMQ answers at {host}:{port} and rabbitmq-server is missing")
+    printer.plain(f"No RabbitMQ at {host}:{port}: starting a throwaway node ...")
+    with RabbitMQNode(management=True) as node:
+        management_url = node.management_url
+        assert management_url is not None
+        printer.plain(f"RabbitMQ: throwaway node at {node.url}")
+        yield node.url, management_url
+
+
+def _declare(url: str, queue: str) -> None:
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+        connection.channel().queue_declare(
+            queue,
+            durable=True,
+            arguments={"qpid.flow_stop_count": STOP, "qpid.flow_resume_count": RESUME},
+        )
+
+
+def _delete(url: str, queue: str) -> None:
+    with (
+        contextlib.suppress(Exception),
+        contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection,
+    ):
+        connection.channel().queue_delete(queue)
+
+
+def run(options: DemoOptions, out: TextIO | None = None) -> DemoResult:
+    """Run the demo, printing as it goes; return what it observed.
+
+    Raises:
+        RuntimeError: no RabbitMQ reachable and none can be started.
+        pika.exceptions.AMQPError: the gateway refused the demo queue.
+    """
+    printer = _Printer(out if out is not None else sys.stdout)
+    with contextlib.ExitStack() as stack:
+        sink = _DemoSink()
+        gateway: _InProcessGateway | None = None
+        if options.gateway_url is not None:
+            gateway_url = options.gateway_url
+            admin_url = options.admin_url or "http://127.0.0.1:15673"
+            printer.plain(f"Gateway: {gateway_url} (admin {admin_url}), already running")
+        else:
+            upstream, management_url = stack.enter_context(_rabbitmq(options, printer))
+            gateway = _InProcessGateway(upstream, management_url, sink)
+            gateway.start()
+            stack.callback(gateway.stop)
+            gateway_url = _with_credentials(f"amqp://127.0.0.1:{gateway.service.port}", upstream)
+            admin_url = f"http://127.0.0.1:{gateway.service.admin_port}"
+            printer.plain(f"Gateway: started in-process at {gateway_url} (admin {admin_url})")
+        target = _Target(gateway, gateway_url, admin_url)
+        return _run_against(options, printer, sink, target, stack)
+
+
+@dataclass(frozen=True)
+class _Target:
+    gateway: _InProcessGateway | None
+    gateway_url: str
+    admin_url: str
+
+
+def _run_against(
+    options: DemoOptions,
+    printer: _Printer,
+    sink: _DemoSink,
+    target: _Target,
+    stack: contextlib.ExitStack,
+) -> DemoResult:
+    gateway, gateway_url, admin_url = target.gateway, target.gateway_url, target.admin_url
+    vhost = unquote(urlsplit(gateway_url).path.lstrip("/")) or "/"
+    queue = f"rabbitflow-demo-{uuid.uuid4().hex[:8]}"
+    bound = STOP + sum(CAPACITIES.values())
+    result = DemoResult(queue=queue, bound=bound, expected=options.messages * len(CAPACITIES))
+    _declare(gateway_url, queue)
+    stack.callback(_delete, gateway_url, queue)
+    printer.plain(
+        f"Queue {queue}: qpid.flow_stop_count={STOP}, qpid.flow_resume_count={RESUME}; "
+        f"producers a (capacity 50) and b (capacity 15), {options.messages} messages each; "
+        f"bound {STOP} + 50 + 15 = {bound}"
+    )
+    printer.plain()
+
+    def on_event(event: Event) -> None:
+        record = event.to_record()
+        if record.get("queue") in (queue, None) or event.code.startswith("CHN"):
+            result.events[event.code] += 1
+            printer.line(event.line())
+
+    sink.on_event = on_event
+    client_log = logging.getLogger("rabbitflow.client")
+    handler = _ClientLogHandler(printer)
+    client_log.addHandler(handler)
+    old_level = client_log.level
+    client_log.setLevel(logging.INFO)
+    stack.callback(client_log.setLevel, old_level)
+    stack.callback(client_log.removeHandler, handler)
+
+    halt = threading.Event()
+    consumer_go = threading.Event()
+    stack.callback(halt.set)
+    stack.callback(consumer_go.set)
+    result.producers = [ProducerStats(pid, cap) for pid, cap in CAPACITIES.items()]
+    threads = [
+        threading.Thread(
+            target=_producer,
+            args=(gateway_url, queue, stats, options.messages, halt),
+            name=f"producer-{stats.pid}",
+            daemon=True,
+        )
+        for stats in result.producers
+    ]
+    consumer_state = _ConsumerState()
+    consumer = threading.Thread(
+        target=_consumer,
+        kwargs={
+            "url": gateway_url,
+            "queue": queue,
+            "state": consumer_state,
+            "expected": result.expected,
+            "rate": options.consume_rate,
+            "start": consumer_go,
+            "halt": halt,
+        },
+        name="consumer",
+        daemon=True,
+    )
+    for thread in [*threads, consumer]:
+        thread.start()
+
+    deadline = time.monotonic() + DEADLINE_S
+    next_line = 0.0
+    last: dict[str, Any] = {}
+    last_stopped: bool | None = None
+    consumer_since: float | None = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        depth = gateway.depth(vhost, queue) if gateway is not None else None
+        snapshot = (
+            _admin_queue(admin_url, vhost, queue) if depth is None or now >= next_line else None
+        )
+        if snapshot is not None:
+            last = snapshot
+            if depth is None:
+                depth = int(snapshot.get("messages", 0))
+            stopped = bool(snapshot.get("flowStopped"))
+            if gateway is None and last_stopped is not None and stopped != last_stopped:
+                # No event stream from a remote gateway: report the transition the admin API shows.
+                code = "QUE-1003" if stopped else "QUE-1004"
+                result.events[code] += 1
+                word = "Overfull" if stopped else "Underfull"
+                printer.line(
+                    f"[vh({vhost})/qu({queue})] {code} : {word} (observed through the admin API)"
+                )
+            last_stopped = stopped
+        if depth is not None:
+            result.peak = max(result.peak, depth)
+        if not consumer_go.is_set():
+            blocked = len(last.get("blockedChannels") or [])
+            sent_all = all(p.sent >= options.messages or p.error for p in result.producers)
+            if (last.get("flowStopped") and blocked >= len(CAPACITIES)) or sent_all:
+                consumer_since = now
+                consumer_go.set()
+                printer.line(f"queue overfull, both producers blocked: consumer starts "
+                             f"({options.consume_rate:g} msg/s)")  # fmt: skip
+            elif now > deadline - DEADLINE_S + 20:
+                consumer_go.set()
+                printer.line("producers not both blocked after 20 s: consumer starts anyway")
+        if now >= next_line and last:
+            next_line = now + options.interval
+            sent = " ".join(f"{p.pid}={p.sent}" for p in result.producers)
+            bar = "#" * min(40, (depth or 0) * 40 // bound)
+            printer.line(
+                f"depth {depth:4d} |{bar:<40}| flow {'ON ' if last.get('flowStopped') else 'OFF'} "
+                f"blocked channels {len(last.get('blockedChannels') or [])}  "
+                f"sent {sent}  received {len(consumer_state.received)}"
+            )
+        producers_done = not any(t.is_alive() for t in threads)
+        if producers_done and not consumer.is_alive():
+            break
+        if consumer_state.error or (producers_done and consumer_since is None):
+            consumer_go.set()
+        time.sleep(0.005 if gateway is not None else 0.02)
+    else:
+        result.problems.append(f"not finished within {DEADLINE_S:.0f} s")
+    halt.set()
+    for thread in [*threads, consumer]:
+        thread.join(timeout=10)
+
+    final = _admin_queue(admin_url, vhost, queue) or last
+    result.flow_stopped_count = int(final.get("flowStoppedCount", 0))
+    result.received = len(consumer_state.received)
+    result.in_order = _in_order(
+        consumer_state.received, dict.fromkeys(CAPACITIES, options.messages)
+    )
+    _check(result, consumer_state)
+    _summary(printer, result)
+    return result
+
+
+def _check(result: DemoResult, consumer: _ConsumerState) -> None:
+    if result.peak > result.bound:
+        result.problems.append(f"peak depth {result.peak} above the bound {result.bound}")
+    for code in ("QUE-1003", "QUE-1004"):
+        if not result.events[code]:
+            result.problems.append(f"no {code} seen")
+    for stats in result.producers:
+        if stats.error:
+            result.problems.append(f"producer {stats.pid} failed: {stats.error}")
+    if consumer.error:
+        result.problems.append(f"consumer failed: {consumer.error}")
+    if result.received != result.expected or not result.in_order:
+        result.problems.append(
+            f"received {result.received} of {result.expected}, "
+            f"{'in order' if result.in_order else 'NOT exactly once in order'}"
+        )
+
+
+def _summary(printer: _Printer, result: DemoResult) -> None:
+    bound_check = "OK" if result.peak <= result.bound else "EXCEEDED"
+    events = ", ".join(f"{code} x{n}" for code, n in sorted(result.events.items())) or "none"
+    printer.plain()
+    printer.plain("Summary")
+    printer.plain(f"  queue                 {result.queue} (stop {STOP} / resume {RESUME})")
+    printer.plain(f"  peak depth            {result.peak} (bound {result.bound}): {bound_check}")
+    printer.plain(f"  flowStoppedCount      {result.flow_stopped_count}")
+    printer.plain(f"  events                {events}")
+    for p in result.producers:
+        printer.plain(
+            f"  producer {p.pid} (cap {p.capacity:2d})  sent {p.sent}, waited {p.waited_s:.2f} s "
+            f"in {p.waits} sends (longest {p.longest_wait_s:.2f} s)"
+        )
+    printer.plain(f"  consumer              received {result.received} of {result.expected}")
+    once = "OK" if result.in_order and result.received == result.expected else "FAILED"
+    printer.plain(f"  exactly once, in order {once}")
+    printer.plain(f"  result                {'OK' if result.ok else '; '.join(result.problems)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rabbitflow-demo`` argument parser."""
+    parser = argparse.ArgumentParser(prog="rabbitflow-demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=500, help="messages per producer (500)")
+    parser.add_argument(
+        "--consume-rate", type=float, default=100.0, help="consumer messages per second (100)"
+    )
+    parser.add_argument("--gateway-url", help="use this running gateway (AMQP URL)")
+    parser.add_argument("--admin-url", help="its admin API (default http://127.0.0.1:15673)")
+    parser.add_argument("--rabbitmq-url", help="RabbitMQ for the in-process gateway")
+    parser.add_argument("--management-url", help="RabbitMQ management API")
+    return parser
+
+
+@contextlib.contextmanager
+def _quiet_structlog() -> Iterator[None]:
+    # The in-process gateway logs through structlog; send it to stdlib logging
+    # (warnings to stderr) so its INFO chatter does not bury the demo's lines.
+    if structlog.is_configured():
+        yield
+        return
+    structlog.configure(
+        processors=[structlog.stdlib.filter_by_level, structlog.stdlib.render_to_log_kwargs],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
+    try:
+        yield
+    finally:
+        structlog.reset_defaults()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point; 0 when every check of the summary holds."""
+    args = build_parser().parse_args(argv)
+    if args.messages < 1 or args.consume_rate <= 0:
+        print("rabbitflow-demo: --messages and --consume-rate must be positive", file=sys.stderr)
+        return 2
+    options = DemoOptions(
+        messages=args.messages,
+        consume_rate=args.consume_rate,
+        gateway_url=args.gateway_url,
+        admin_url=args.admin_url,
+        rabbitmq_url=args.rabbitmq_url,
+        management_url=args.management_url,
+    )
+    try:
+        with _quiet_structlog():
+            result = run(options)
+    except (RuntimeError, OSError, pika.exceptions.AMQPError) as exc:
+        print(f"rabbitflow-demo: {exc!r}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
