@@ -65,16 +65,20 @@ class ConfirmTracker:
             return [tag] if tag in self._unconfirmed else []
         return [seq for seq in self._unconfirmed if seq <= tag or tag == 0]
 
-    def upstream_ack(self, tag: int, multiple: bool, is_blocked: IsBlocked) -> list[Confirm]:
-        """RabbitMQ acked ``tag``; return what to send the client now."""
+    def upstream_ack(
+        self, tag: int, multiple: bool, is_blocked: IsBlocked
+    ) -> tuple[list[Confirm], list[Route]]:
+        """RabbitMQ acked ``tag``; return what to send the client now and the routes held."""
         ready: list[int] = []
+        held: list[Route] = []
         for seq in self._covered(tag, multiple):
             route = self._unconfirmed.pop(seq)
             if route and is_blocked(route):
                 self._held[seq] = route
+                held.append(route)
             else:
                 ready.append(seq)
-        return self._emit(ready, ack=True)
+        return self._emit(ready, ack=True), held
 
     def upstream_nack(self, tag: int, multiple: bool) -> tuple[list[Confirm], list[Route]]:
         """RabbitMQ nacked ``tag``; nacks pass at once.  Also returns the nacked routes."""

@@ -813,9 +813,15 @@ class Relay:
         ids = (60, int.from_bytes(payload[2:4], "big"))
         ack = decode_ack(payload, ids)
         if ids == (60, 80):
-            confirms = tracker.upstream_ack(
+            confirms, held = tracker.upstream_ack(
                 ack.delivery_tag, ack.multiple, self.gateway.route_blocker(self.vhost)
             )
+            if held and not channel.blockers:
+                # Its confirm is held: the channel that published it is flowed
+                # too, even if it has not published since the queue filled up.
+                blocker = self.gateway.first_blocked(self.vhost, held[0])
+                if blocker is not None:
+                    self._block(channel, blocker)
         else:
             confirms, routes = tracker.upstream_nack(ack.delivery_tag, ack.multiple)
             # A nacked publish was not enqueued (e.g. reject-publish overflow).

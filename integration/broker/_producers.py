@@ -8,7 +8,6 @@ publish while the broker has flowed its channel.  Runs in its own thread.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pika
@@ -16,10 +15,21 @@ from pika import spec
 
 
 class WindowProducer(threading.Thread):
-    """Publishes ``count`` messages ``b"<pid>:<seq>"`` to ``queue`` via the default exchange."""
+    """Publishes ``b"<pid>:<seq>"`` to ``queue`` via the default exchange.
+
+    It sends until ``count`` messages are sent; ``count`` may be raised or
+    lowered while it runs (None: no limit yet).
+    """
 
     def __init__(
-        self, url: str, queue: str, *, pid: str, count: int, capacity: int, body_size: int = 0
+        self,
+        url: str,
+        queue: str,
+        *,
+        pid: str,
+        count: int | None,
+        capacity: int,
+        body_size: int = 0,
     ) -> None:
         super().__init__(name=f"producer-{pid}", daemon=True)
         self.url = url
@@ -78,10 +88,11 @@ class WindowProducer(threading.Thread):
         padding = b"." * self.body_size
         try:
             while not self._stop_requested.is_set():
-                if self.sent >= self.count and not self._outstanding:
+                count = self.count
+                if count is not None and self.sent >= count and not self._outstanding:
                     break
                 can_send = (
-                    self.sent < self.count
+                    (count is None or self.sent < count)
                     and not self.flowed
                     and len(self._outstanding) < self.capacity
                 )
@@ -102,13 +113,12 @@ class WindowProducer(threading.Thread):
         return len(getattr(self, "_outstanding", ()))
 
 
-def wait_done(producer: WindowProducer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not producer.done.wait(0.05):
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"producer {producer.pid} not done: sent {producer.sent}/{producer.count}, "
-                f"confirmed {producer.confirmed}, flowed {producer.flowed}"
-            )
+def wait_done(producer: Any, timeout: float) -> None:
+    """Wait for a producer thread (anything with ``done``, ``error``, ``pid``)."""
+    if not producer.done.wait(timeout):
+        raise AssertionError(
+            f"producer {producer.pid} not done after {timeout}s: "
+            f"sent {getattr(producer, 'sent', '?')}/{producer.count}"
+        )
     if producer.error is not None:
         raise AssertionError(f"producer {producer.pid} failed: {producer.error!r}")

@@ -27,23 +27,23 @@ def test_sequence_numbers_start_at_one() -> None:
 
 def test_unblocked_ack_passes_as_is() -> None:
     tracker = _tracker(A)
-    assert tracker.upstream_ack(1, False, _blocked()) == [Confirm(1, False, True)]
+    assert tracker.upstream_ack(1, False, _blocked())[0] == [Confirm(1, False, True)]
 
 
 def test_multiple_ack_over_free_queues_stays_multiple() -> None:
     tracker = _tracker(A, A, A)
-    assert tracker.upstream_ack(3, True, _blocked()) == [Confirm(3, True, True)]
+    assert tracker.upstream_ack(3, True, _blocked())[0] == [Confirm(3, True, True)]
 
 
 def test_ack_to_blocked_queue_is_held() -> None:
     tracker = _tracker(A)
-    assert tracker.upstream_ack(1, False, _blocked("a")) == []
+    assert tracker.upstream_ack(1, False, _blocked("a")) == ([], [A])
     assert tracker.held == 1
 
 
 def test_multiple_ack_is_split_around_a_held_tag() -> None:
     tracker = _tracker(B, A, B)
-    out = tracker.upstream_ack(3, True, _blocked("a"))
+    out = tracker.upstream_ack(3, True, _blocked("a"))[0]
     assert out == [Confirm(1, False, True), Confirm(3, False, True)]
     assert tracker.held == 1
 
@@ -79,7 +79,7 @@ def test_route_to_several_queues_waits_for_all() -> None:
 
 def test_unroutable_publish_is_never_held() -> None:
     tracker = _tracker(frozenset())
-    assert tracker.upstream_ack(1, False, lambda route: True) == [Confirm(1, False, True)]
+    assert tracker.upstream_ack(1, False, lambda route: True)[0] == [Confirm(1, False, True)]
 
 
 def test_nack_passes_even_to_a_blocked_queue() -> None:
@@ -91,9 +91,9 @@ def test_nack_passes_even_to_a_blocked_queue() -> None:
 
 def test_ack_of_unknown_tag_sends_nothing() -> None:
     tracker = _tracker(A)
-    assert tracker.upstream_ack(5, False, _blocked()) == []
+    assert tracker.upstream_ack(5, False, _blocked())[0] == []
 
 
 def test_multiple_ack_tag_zero_covers_everything() -> None:
     tracker = _tracker(A, A)
-    assert tracker.upstream_ack(0, True, _blocked()) == [Confirm(2, True, True)]
+    assert tracker.upstream_ack(0, True, _blocked())[0] == [Confirm(2, True, True)]
