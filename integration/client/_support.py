@@ -39,20 +39,25 @@ CLIENT_LOGGER = "rabbitflow.client"
 
 
 def wait_until(
-    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.02
+    predicate: Callable[[], bool],
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    state: Callable[[], object] | None = None,
 ) -> None:
     """Poll ``predicate`` until it is true.
 
     Raises:
         AssertionError: it was still false after ``timeout`` seconds; the
-            message says what was awaited.
+            message says what was awaited (and ``state()`` when given).
     """
     deadline = time.monotonic() + timeout
     while True:
         if predicate():
             return
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            detail = f" (state: {state()})" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
         time.sleep(interval)
 
 

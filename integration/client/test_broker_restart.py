@@ -59,7 +59,7 @@ def test_producer_recovers_from_a_broker_restart_with_every_message_kept(
         assert sender.error is None, repr(sender.error)
         assert sender.returned == TOTAL
         producer.close()  # waits for the outstanding confirms
-        lost_confirms = producer.resent_unconfirmed_count
+        lost_confirms = producer.resent_count
     assert sent_before_the_node_was_down < TOTAL, "the restart came after the stream ended"
 
     ids = numbers(drain(throwaway_broker.url, queue))

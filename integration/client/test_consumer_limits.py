@@ -56,6 +56,13 @@ class Ledger:
 
         return on_message
 
+    def summary(self) -> str:
+        with self.lock:
+            return (
+                f"delivered {self.delivered}, processed {self.processed}, peak {self.peak}, "
+                f"per consumer {self.per_consumer}"
+            )
+
     def done(self, total: int) -> bool:
         with self.lock:
             return self.processed >= total
@@ -78,7 +85,12 @@ def _consume(
                 consumer = session.create_consumer(session.create_queue(queue))
                 consumer.set_message_listener(ledger.listener(queue))
             connection.start()
-            wait_until(lambda: ledger.done(total), 120, f"{total} messages processed")
+            wait_until(
+                lambda: ledger.done(total),
+                60,
+                f"{total} messages processed",
+                state=ledger.summary,
+            )
         return ledger, tap.events()
 
 
