@@ -33,6 +33,11 @@ __all__ = ["Connection", "ConnectionFactory", "ExceptionListener"]
 
 _log = get_logger()
 ExceptionListener = Callable[[JMSException], None]
+Waiter = Callable[[threading.Condition, float], None]
+
+
+def _condition_wait(condition: threading.Condition, timeout: float) -> None:
+    condition.wait(timeout)
 
 
 class TransportFactory(Protocol):
@@ -99,6 +104,8 @@ class ConnectionFactory:
         properties: Mapping[str, Any] | None = None,
         _transport_factory: TransportFactory | None = None,
         _sleep: Callable[[float], None] = time.sleep,
+        _clock: Callable[[], float] = time.monotonic,
+        _wait: Waiter | None = None,
     ) -> None:
         """Validate the configuration.
 
@@ -109,8 +116,11 @@ class ConnectionFactory:
         self.config = ClientConfig.resolve(
             _system.environment_properties(), _system.explicit_system_properties(), properties
         )
+        # Test seams: a fake transport, clock, sleep (recovery) and condition wait.
         self._transport_factory = _transport_factory or _pika_transport
         self._sleep = _sleep
+        self._clock = _clock
+        self._wait = _wait or _condition_wait
 
     def create_connection(self) -> Connection:
         """Connect to the broker.
@@ -119,7 +129,14 @@ class ConnectionFactory:
             ConnectionLostError: the broker cannot be reached.
             BrokerError: authentication or access refused, bad URL.
         """
-        return Connection(self.url, self.config, self._transport_factory, self._sleep)
+        return Connection(
+            self.url,
+            self.config,
+            self._transport_factory,
+            self._sleep,
+            clock=self._clock,
+            wait=self._wait,
+        )
 
     def __repr__(self) -> str:
         return f"ConnectionFactory({_redact(self.url)!r}, config={self.config!r})"
@@ -149,8 +166,13 @@ class Connection:
         config: ClientConfig,
         transport_factory: TransportFactory,
         sleep: Callable[[float], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wait: Waiter | None = None,
     ) -> None:
         self.url = url
+        self.clock = clock
+        self.wait = wait or _condition_wait
         self.config = config
         self._transport_factory = transport_factory
         self._sleep = sleep
@@ -169,6 +191,7 @@ class Connection:
             config.connection_flow_limit if config.connection_flow_limit_enabled else None
         )
         self.reconnect_count = 0
+        self._recovery_thread: threading.Thread | None = None
         self._transport = self._new_transport()
         self._transport.connect()
 
@@ -442,9 +465,10 @@ class Connection:
         _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
         for producer in producers:
             producer._gate(GateEvent.CONNECTION_LOST)
-        threading.Thread(
+        self._recovery_thread = threading.Thread(
             target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
-        ).start()
+        )
+        self._recovery_thread.start()
 
     # ------------------------------------------------------------ recovery
     def _recover(self, error: ConnectionLostError) -> None:

@@ -229,6 +229,21 @@ class ConnectionFlow:
         c.prefetch_sent = count
         return [SetPrefetch(cid, count)]
 
+    def _trim_to_shares(self) -> list[FlowAction]:
+        """Under a connection limit: ack deferred messages at once (they hold
+        pool room) and take back unused credit above a consumer's share (its
+        queue may be idle), so consumers that joined later are not starved."""
+        actions: list[FlowAction] = []
+        for cid, c in self._consumers.items():
+            limit, _ = self._limits(c)
+            excess = c.buffered + c.credit - limit
+            if excess > 0 and c.credit > 0:
+                c.credit -= min(excess, c.credit)
+                actions += self._set_prefetch(cid, c)
+            if c.ack_pending and c.held:
+                actions += self._flush_ack(cid, c)
+        return actions
+
     @staticmethod
     def _pool_use(c: _Consumer) -> int:
         # Held messages of AUTO/DUPS_OK consumers are acks we chose to defer,
@@ -240,6 +255,8 @@ class ConnectionFlow:
         actions: list[FlowAction] = []
         if not self.active:
             return actions
+        if self.connection_limit is not None:
+            actions += self._trim_to_shares()
         total = sum(self._pool_use(c) for c in self._consumers.values())
         for cid, c in self._consumers.items():
             limit, threshold = self._limits(c)

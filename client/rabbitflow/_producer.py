@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,15 +74,14 @@ class MessageProducer:
         session: Session,
         destination: Destination | None,
         capacity: int,
-        *,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         config = session.connection.config
         self.id = f"producer-{next(_ids)}"
         self._session = session
         self._destination = destination
         self._config = config
-        self._clock = clock
+        self._clock = session.connection.clock
+        self._wait = session.connection.wait
         self._transacted = session.transacted
         self._cond = threading.Condition()
         self._window: ProducerWindow[_Outgoing] = ProducerWindow(
@@ -213,7 +211,7 @@ class MessageProducer:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
                     break
-                self._cond.wait(min(remaining, 0.5))
+                self._wait(self._cond, min(remaining, 0.5))
             pending = self._window.in_flight
             error = self._error
             self._closed = True
@@ -294,7 +292,7 @@ class MessageProducer:
                 seconds = step.failed.waited_ms / 1000
                 text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
                 raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
-            self._cond.wait(max(step.wake_at - now, 0.001))
+            self._wait(self._cond, max(step.wake_at - now, 0.001))
 
     def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
         fields = self._fields(target)

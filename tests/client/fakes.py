@@ -1,0 +1,248 @@
+"""In-memory fakes for the client's unit tests: a clock, a condition wait that
+advances it, and a transport/channel pair that records what the SDK does and
+can emit what a broker would (confirms, nacks, Channel.Flow, blocked)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import rabbitflow
+from rabbitflow._exceptions import InvalidDestinationError
+from rabbitflow._message import WireProperties
+from rabbitflow._transport import Delivery
+
+
+class FakeClock:
+    """Monotonic seconds that only move when told."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class AdvancingWait:
+    """Stands in for Condition.wait: instead of blocking, moves the clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.waits: list[float] = []
+        self.limit = 10_000
+
+    def __call__(self, _condition: threading.Condition, timeout: float) -> None:
+        self.waits.append(timeout)
+        if len(self.waits) > self.limit:
+            raise AssertionError("send waited forever")
+        self.clock.advance(timeout)
+
+
+@dataclass
+class Published:
+    channel: int
+    tag: int
+    exchange: str
+    routing_key: str
+    body: bytes
+    props: WireProperties
+
+
+@dataclass
+class FakeBroker:
+    """What the fake transports share: queues, exchanges, bindings, publishes."""
+
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    exchanges: dict[str, str] = field(default_factory=dict)
+    bindings: list[tuple[str, str, str]] = field(default_factory=list)
+    published: list[Published] = field(default_factory=list)
+    transports: list[FakeTransport] = field(default_factory=list)
+
+
+class FakeChannel:
+    """Records calls; ``emit_*`` play the broker's side."""
+
+    def __init__(self, transport: FakeTransport, number: int, handler: Any) -> None:
+        self.transport = transport
+        self.number = number
+        self.handler = handler
+        self.closed = False
+        self.confirming = False
+        self.transactional = False
+        self.next_tag = 1
+        self.calls: list[tuple[Any, ...]] = []
+
+    @property
+    def broker(self) -> FakeBroker:
+        return self.transport.broker
+
+    def confirm_select(self) -> None:
+        self.confirming = True
+
+    def tx_select(self) -> None:
+        self.transactional = True
+
+    def tx_commit(self) -> None:
+        self.calls.append(("tx_commit",))
+
+    def tx_rollback(self) -> None:
+        self.calls.append(("tx_rollback",))
+
+    def queue_declare(
+        self, name: str, *, passive: bool = False, arguments: Any = None, **kw: Any
+    ) -> tuple[str, int, int]:
+        if passive:
+            if name not in self.broker.queues:
+                self.closed = True
+                raise InvalidDestinationError(f"404 no queue {name!r}", reply_code=404)
+        else:
+            name = name or f"amq.gen-{len(self.broker.queues)}"
+            self.broker.queues.setdefault(name, {"arguments": arguments, **kw})
+        return name, 0, 0
+
+    def exchange_declare(self, name: str, kind: str, *, passive: bool = False, **_kw: Any) -> None:
+        if passive and name not in self.broker.exchanges:
+            self.closed = True
+            raise InvalidDestinationError(f"404 no exchange {name!r}", reply_code=404)
+        self.broker.exchanges.setdefault(name, kind)
+
+    def queue_bind(self, queue: str, exchange: str, routing_key: str) -> None:
+        self.broker.bindings.append((queue, exchange, routing_key))
+
+    def queue_delete(self, queue: str) -> None:
+        self.broker.queues.pop(queue, None)
+
+    def basic_consume_nowait(self, queue: str, **_kw: Any) -> None:
+        self.calls.append(("consume", queue))
+
+    def qos_nowait(self, count: int) -> None:
+        self.calls.append(("qos", count))
+
+    def ack(self, tag: int, *, multiple: bool) -> None:
+        self.calls.append(("ack", tag, multiple))
+
+    def publish(
+        self, exchange: str, routing_key: str, body: bytes, props: WireProperties, mandatory: bool
+    ) -> None:
+        tag = self.next_tag
+        self.next_tag += 1
+        self.broker.published.append(
+            Published(self.number, tag, exchange, routing_key, body, props)
+        )
+
+    def close(self) -> None:
+        self.closed = True
+
+    # ----------------------------------------------------------- broker side
+    def emit_ack(self, tag: int, multiple: bool = False) -> None:
+        self.handler.on_confirm(tag, multiple, True)
+
+    def emit_nack(self, tag: int, multiple: bool = False) -> None:
+        self.handler.on_confirm(tag, multiple, False)
+
+    def emit_flow(self, active: bool) -> None:
+        self.handler.on_flow(active)
+
+    def emit_deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> None:
+        self.handler.on_deliver(
+            Delivery(tag, redelivered, "", "q", body, WireProperties(content_type="text/plain"))
+        )
+
+
+class FakeTransport:
+    """Runs posted work at once (there is no I/O thread); timers wait for ``fire_timers``."""
+
+    def __init__(self, broker: FakeBroker, url: str, listener: Any, **_kw: Any) -> None:
+        self.broker = broker
+        self.url = url
+        self.listener = listener
+        self.channels: list[FakeChannel] = []
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+        self.closing = False
+        self.lost = False
+        self.connected = False
+        self.fail_connect: Exception | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.connected and not (self.closing or self.lost)
+
+    def connect(self) -> None:
+        if self.fail_connect is not None:
+            raise self.fail_connect
+        self.connected = True
+
+    def open_channel(self, handler: Any) -> FakeChannel:
+        if not self.alive:
+            raise rabbitflow.ConnectionLostError("fake transport is not connected")
+        channel = FakeChannel(self, len(self.channels) + 1, handler)
+        self.channels.append(channel)
+        return channel
+
+    def post(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        self.timers.append((delay, fn))
+
+    def fire_timers(self) -> None:
+        timers, self.timers = self.timers, []
+        for _delay, fn in timers:
+            fn()
+
+    def close(self) -> None:
+        self.closing = True
+
+    # ----------------------------------------------------------- broker side
+    def emit_blocked(self, reason: str = "low on memory") -> None:
+        self.listener.on_blocked(reason)
+
+    def emit_unblocked(self) -> None:
+        self.listener.on_unblocked()
+
+    def emit_lost(self) -> None:
+        self.lost = True
+        self.listener.on_lost(rabbitflow.ConnectionLostError("fake connection lost"))
+
+
+@dataclass
+class Harness:
+    """A factory wired to fakes, and handles to play the broker."""
+
+    broker: FakeBroker
+    clock: FakeClock
+    wait: AdvancingWait
+    sleeps: list[float]
+    factory: rabbitflow.ConnectionFactory
+
+    @property
+    def transport(self) -> FakeTransport:
+        return self.broker.transports[-1]
+
+
+def make_harness(properties: dict[str, Any] | None = None) -> Harness:
+    """A ConnectionFactory over the fakes."""
+    broker = FakeBroker()
+    clock = FakeClock()
+    wait = AdvancingWait(clock)
+    sleeps: list[float] = []
+
+    def transport_factory(url: str, listener: Any, **kw: Any) -> FakeTransport:
+        transport = FakeTransport(broker, url, listener, **kw)
+        broker.transports.append(transport)
+        return transport
+
+    factory = rabbitflow.ConnectionFactory(
+        "amqp://fake/",
+        properties=properties,
+        _transport_factory=transport_factory,  # type: ignore[arg-type]
+        _sleep=sleeps.append,
+        _clock=clock,
+        _wait=wait,
+    )
+    return Harness(broker, clock, wait, sleeps, factory)

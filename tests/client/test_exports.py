@@ -1,0 +1,75 @@
+import rabbitflow
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(rabbitflow.__all__) == sorted(
+        [
+            "AUTO_ACKNOWLEDGE",
+            "CLIENT_ACKNOWLEDGE",
+            "DUPS_OK_ACKNOWLEDGE",
+            "LOGGER_NAME",
+            "NON_PERSISTENT",
+            "PERSISTENT",
+            "SESSION_TRANSACTED",
+            "BrokerError",
+            "BytesMessage",
+            "ClientConfig",
+            "Connection",
+            "ConnectionFactory",
+            "ConnectionLostError",
+            "ConsumerFlowStats",
+            "Destination",
+            "FlowControlTimeoutError",
+            "IllegalStateError",
+            "InvalidDestinationError",
+            "InvalidPropertyError",
+            "JMSException",
+            "Message",
+            "MessageConsumer",
+            "MessageFormatError",
+            "MessageProducer",
+            "ProtocolError",
+            "Queue",
+            "Session",
+            "TextMessage",
+            "Topic",
+            "TransactionRolledBackError",
+            "json_formatter",
+            "system_properties",
+        ]
+    )
+
+
+def test_every_public_name_exists() -> None:
+    missing = [name for name in rabbitflow.__all__ if not hasattr(rabbitflow, name)]
+    assert missing == []
+
+
+def test_public_classes_claim_the_package_namespace() -> None:
+    assert rabbitflow.MessageProducer.__module__.startswith("rabbitflow.")
+
+
+def test_every_exception_is_a_jms_exception() -> None:
+    errors = [
+        getattr(rabbitflow, name)
+        for name in rabbitflow.__all__
+        if isinstance(getattr(rabbitflow, name), type)
+        and issubclass(getattr(rabbitflow, name), Exception)
+    ]
+    assert errors
+    assert all(issubclass(error, rabbitflow.JMSException) for error in errors)
+
+
+def test_invalid_property_error_is_also_a_value_error() -> None:
+    assert issubclass(rabbitflow.InvalidPropertyError, ValueError)
+
+
+def test_acknowledge_modes_and_delivery_modes_are_distinct() -> None:
+    modes = {
+        rabbitflow.AUTO_ACKNOWLEDGE,
+        rabbitflow.CLIENT_ACKNOWLEDGE,
+        rabbitflow.DUPS_OK_ACKNOWLEDGE,
+        rabbitflow.SESSION_TRANSACTED,
+    }
+    assert len(modes) == 4
+    assert (rabbitflow.PERSISTENT, rabbitflow.NON_PERSISTENT) == (2, 1)

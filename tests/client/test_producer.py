@@ -1,0 +1,260 @@
+"""The JMS producer over the fake transport: windows, flow, nacks, logs."""
+
+import logging
+
+import pytest
+
+import rabbitflow
+from rabbitflow._flow import Gate
+
+from .fakes import FakeChannel, Harness, make_harness
+
+FAST = {
+    "qpid.flow_control_wait_failure": 3000,
+    "qpid.flow_control_wait_notify_period": 1000,
+}
+
+
+def setup(
+    properties: dict[str, object] | None = None, capacity: int = 2
+) -> tuple[Harness, rabbitflow.Session, rabbitflow.MessageProducer, FakeChannel]:
+    harness = make_harness(properties or FAST)
+    harness.broker.queues["orders"] = {}
+    connection = harness.factory.create_connection()
+    session = connection.create_session()
+    producer = session.create_producer(session.create_queue("orders"), capacity=capacity)
+    channel = harness.transport.channels[-1]
+    return harness, session, producer, channel
+
+
+def bodies(harness: Harness) -> list[bytes]:
+    return [p.body for p in harness.broker.published]
+
+
+def flow_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "rabbitflow.client"]
+
+
+def test_send_publishes_to_the_default_exchange_with_the_queue_name() -> None:
+    harness, session, producer, _ = setup()
+    producer.send(session.create_text_message("hi"))
+    sent = harness.broker.published[0]
+    assert (sent.exchange, sent.routing_key, sent.body) == ("", "orders", b"hi")
+
+
+def test_producer_channel_is_in_confirm_mode() -> None:
+    _, _, _, channel = setup()
+    assert channel.confirming
+
+
+def test_send_sets_jms_headers() -> None:
+    harness, session, producer, _ = setup()
+    message = session.create_text_message("hi")
+    producer.send(message, priority=7, time_to_live=5000)
+    props = harness.broker.published[0].props
+    assert message.message_id is not None
+    assert message.message_id.startswith("ID:")
+    assert props.message_id == message.message_id
+    assert (props.priority, props.delivery_mode, props.expiration) == (7, 2, "5000")
+    assert str(message.destination) == "queue://orders"
+
+
+def test_each_message_gets_its_own_id() -> None:
+    harness, session, producer, _channel = setup(capacity=5)
+    for _ in range(3):
+        producer.send(session.create_bytes_message(b"x"))
+    assert len({p.props.message_id for p in harness.broker.published}) == 3
+
+
+def test_topic_publishes_to_its_exchange() -> None:
+    harness = make_harness(FAST)
+    session = harness.factory.create_connection().create_session()
+    topic = session.create_topic("prices")
+    producer = session.create_producer(topic)
+    producer.send(session.create_text_message("1.5"))
+    sent = harness.broker.published[0]
+    assert (sent.exchange, sent.routing_key) == ("prices", "prices")
+    assert harness.broker.exchanges["prices"] == "topic"
+
+
+def test_send_waits_on_a_full_window_then_fails_with_the_spec_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rabbitflow.client")
+    harness, session, producer, _ = setup(capacity=2)
+    producer.send(session.create_text_message("1"))
+    producer.send(session.create_text_message("2"))
+    with pytest.raises(
+        rabbitflow.FlowControlTimeoutError,
+        match=r"^Unable to send message for 3 seconds due to broker enforced flow control$",
+    ):
+        producer.send(session.create_text_message("3"))
+    assert bodies(harness) == [b"1", b"2"]  # the third was not sent
+    messages = [(r.levelname, r.getMessage()) for r in flow_records(caplog)]
+    assert messages == [
+        ("WARNING", "Message send delayed by 1s due to broker enforced flow control"),
+        ("WARNING", "Message send delayed by 2s due to broker enforced flow control"),
+        ("ERROR", "Message send failed due to timeout waiting on broker enforced flow control"),
+    ]
+
+
+def test_flow_records_carry_structured_fields(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="rabbitflow.client")
+    _, session, producer, _ = setup(capacity=1)
+    producer.send(session.create_text_message("1"))
+    with pytest.raises(rabbitflow.FlowControlTimeoutError):
+        producer.send(session.create_text_message("2"))
+    delayed, failed = flow_records(caplog)[0], flow_records(caplog)[-1]
+    assert delayed.__dict__["flow_event"] == "send_delayed"
+    assert delayed.__dict__["waited_ms"] == 1000
+    assert failed.__dict__["flow_event"] == "send_failed"
+    assert failed.__dict__["waited_ms"] == 3000
+    for record in (delayed, failed):
+        assert record.__dict__["producer"] == producer.id
+        assert record.__dict__["destination"] == "queue://orders"
+        assert record.__dict__["capacity"] == 1
+
+
+def test_zero_wait_failure_raises_at_once() -> None:
+    harness, session, producer, _ = setup({"qpid.flow_control_wait_failure": 0}, capacity=1)
+    producer.send(session.create_text_message("1"))
+    with pytest.raises(rabbitflow.FlowControlTimeoutError, match="for 0 seconds"):
+        producer.send(session.create_text_message("2"))
+    assert harness.wait.waits == []
+
+
+def test_confirm_frees_the_window() -> None:
+    harness, session, producer, channel = setup(capacity=1)
+    producer.send(session.create_text_message("1"))
+    channel.emit_ack(1)
+    producer.send(session.create_text_message("2"))
+    assert bodies(harness) == [b"1", b"2"]
+    assert producer.confirmed_count == 1
+
+
+def test_channel_flow_holds_publishes_and_logs_enforcement(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rabbitflow.client")
+    harness, session, producer, channel = setup(capacity=5)
+    channel.emit_flow(False)
+    assert producer.flow_state == "flowed"
+    with pytest.raises(rabbitflow.FlowControlTimeoutError):
+        producer.send(session.create_text_message("1"))
+    channel.emit_flow(True)
+    producer.send(session.create_text_message("2"))
+    assert bodies(harness) == [b"2"]
+    infos = [
+        (r.getMessage(), r.__dict__["flow_event"])
+        for r in flow_records(caplog)
+        if r.levelno == logging.INFO
+    ]
+    assert infos == [
+        ("Broker enforced flow control has been enforced", "flow_enforced"),
+        ("Broker enforced flow control is no longer in effect", "flow_removed"),
+    ]
+
+
+def test_connection_blocked_holds_every_producer() -> None:
+    harness, session, producer, _ = setup(capacity=5)
+    harness.transport.emit_blocked("low on memory")
+    assert producer.flow_state == "blocked"
+    with pytest.raises(rabbitflow.FlowControlTimeoutError):
+        producer.send(session.create_text_message("1"))
+    harness.transport.emit_unblocked()
+    producer.send(session.create_text_message("2"))
+    assert bodies(harness) == [b"2"]
+
+
+def test_producer_created_while_blocked_starts_blocked() -> None:
+    harness, session, _, _ = setup()
+    harness.transport.emit_blocked()
+    late = session.create_producer(session.create_queue("orders"))
+    assert late.flow_state == Gate.BLOCKED.value
+
+
+def test_nacked_messages_are_resent_in_order_after_the_backoff() -> None:
+    harness, session, producer, channel = setup(capacity=3)
+    for n in (b"1", b"2", b"3"):
+        producer.send(session.create_bytes_message(n))
+    channel.emit_ack(1)
+    channel.emit_nack(3, multiple=True)  # 2 and 3 refused
+    assert bodies(harness) == [b"1", b"2", b"3"]
+    harness.clock.advance(1.0)
+    harness.transport.fire_timers()
+    assert bodies(harness)[3:] == [b"2"]  # one at a time
+    channel.emit_ack(4)
+    assert bodies(harness)[3:] == [b"2", b"3"]
+    channel.emit_ack(5)
+    assert producer.nacked_count == 2
+    assert producer.unconfirmed_count == 0
+
+
+def test_send_waits_while_nacked_messages_await_resend() -> None:
+    _, session, producer, channel = setup(capacity=3)
+    producer.send(session.create_text_message("1"))
+    channel.emit_nack(1)
+    with pytest.raises(rabbitflow.FlowControlTimeoutError):
+        producer.send(session.create_text_message("2"))
+
+
+def test_send_with_a_second_destination_is_refused() -> None:
+    _, session, producer, _ = setup()
+    with pytest.raises(rabbitflow.InvalidDestinationError, match="orders"):
+        producer.send(session.create_text_message("x"), rabbitflow.Queue("other"))
+
+
+def test_anonymous_producer_needs_a_destination_per_send() -> None:
+    harness, session, _, _ = setup()
+    anonymous = session.create_producer()
+    with pytest.raises(rabbitflow.InvalidDestinationError, match="no destination"):
+        anonymous.send(session.create_text_message("x"))
+    anonymous.send(session.create_text_message("x"), rabbitflow.Queue("orders"))
+    assert harness.broker.published[-1].routing_key == "orders"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"priority": 10}, "priority"),
+        ({"delivery_mode": 3}, "delivery_mode"),
+        ({"time_to_live": -1}, "time_to_live"),
+    ],
+)
+def test_bad_send_arguments_name_the_argument(kwargs: dict[str, int], name: str) -> None:
+    _, session, producer, _ = setup()
+    with pytest.raises(rabbitflow.InvalidPropertyError, match=name):
+        producer.send(session.create_text_message("x"), **kwargs)
+
+
+def test_bad_capacity_is_refused() -> None:
+    _, session, _, _ = setup()
+    with pytest.raises(rabbitflow.InvalidPropertyError, match="capacity"):
+        session.create_producer(capacity=0)
+
+
+def test_default_capacity_comes_from_the_property() -> None:
+    harness = make_harness({"rabbitflow.producer_capacity": 7})
+    session = harness.factory.create_connection().create_session()
+    assert session.create_producer().capacity == 7
+
+
+def test_send_on_a_closed_producer_is_refused() -> None:
+    _, session, producer, _ = setup()
+    producer.close()
+    with pytest.raises(rabbitflow.IllegalStateError, match="closed"):
+        producer.send(session.create_text_message("x"))
+
+
+def test_close_reports_unconfirmed_messages() -> None:
+    _, session, producer, _ = setup()
+    producer.send(session.create_text_message("x"))
+    with pytest.raises(rabbitflow.JMSException, match="1 sent message"):
+        producer.close()
+
+
+def test_close_returns_once_everything_is_confirmed() -> None:
+    _, session, producer, channel = setup()
+    producer.send(session.create_text_message("x"))
+    channel.emit_ack(1)
+    producer.close()
