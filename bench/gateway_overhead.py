@@ -44,7 +44,7 @@ import pika
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, payload, scratch_queue
+from bench._common import DEFAULT_URL, payload, queue_depth, scratch_queue
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
@@ -67,6 +67,8 @@ class Result:
     messages: int
     #: Judged on its added latency only (one message in flight is not a throughput test).
     latency_only: bool = False
+    #: Ready messages the queue must hold right after the run (None: not checked).
+    expect_depth: int | None = None
     rates: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
     p50_ms: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
     p99_ms: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
@@ -111,6 +113,14 @@ def run_workload(
             url = paths[path]
             with scratch_queue(url, "gwo", arguments=NO_FLOW) as queue:
                 seconds, latencies = workload(url, queue)
+                if result.expect_depth is not None:
+                    # A confirm the gateway sent before RabbitMQ had the message would show here.
+                    depth = queue_depth(direct, queue)
+                    if depth != result.expect_depth:
+                        raise BenchError(
+                            f"{result.name} via {path}: {depth} messages in the queue right "
+                            f"after the last confirm, expected {result.expect_depth}"
+                        )
             result.rates[path].append(result.messages / seconds)
             if latencies:
                 result.p50_ms[path].append(percentile(latencies, 50) * 1000)
@@ -156,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             return consume(url, queue, n, 100), None
 
         workloads: list[tuple[Result, Workload]] = [
-            (Result("confirms w100 256B", n), window(small, n)),
-            (Result("confirms w100 4KiB", n), window(large, n)),
+            (Result("confirms w100 256B", n, expect_depth=n), window(small, n)),
+            (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n)),
             (
-                Result("confirms w1 256B", latency_n),
+                Result("confirms w1 256B", latency_n, latency_only=True, expect_depth=latency_n),
                 lambda url, q: publish_window(url, q, small, latency_n, 1),
             ),
-            (Result("no confirms 256B", n), no_confirms),
+            (Result("no confirms 256B", n, expect_depth=n + 1), no_confirms),
             (Result("consume prefetch100", n), consumer),
         ]
         for result, workload in workloads:
