@@ -70,11 +70,11 @@ def reconnect_strategy(
             tenacity.stop_after_attempt(max(config.reconnect_attempts, 1))
             | tenacity.stop_after_delay(config.reconnect_timeout_ms / 1000)
         ),
-        wait=tenacity.wait_exponential_jitter(
-            initial=config.reconnect_initial_delay_ms / 1000,
+        wait=tenacity.wait_exponential(
+            multiplier=config.reconnect_initial_delay_ms / 1000,
             max=config.reconnect_max_delay_ms / 1000,
-            jitter=config.reconnect_initial_delay_ms / 1000,
-        ),
+        )
+        + tenacity.wait_random(0, config.reconnect_initial_delay_ms / 1000),
         retry=tenacity.retry_if_exception_type(JMSException),
         sleep=sleep,
         reraise=True,
