@@ -324,6 +324,12 @@ def observed_routes(
     Raises AssertionError when a message reached a queue twice or a
     delivery is not one of ours.
     """
+    publish_confirmed(url, messages)
+    return drained_routes(url, topology, messages)
+
+
+def publish_confirmed(url: str, messages: Sequence[Message]) -> None:
+    """Publish every message on one channel with publisher confirms (through ``url``)."""
     parameters = pika.URLParameters(url)
     with contextlib.closing(pika.BlockingConnection(parameters)) as connection:
         channel = connection.channel()
@@ -335,8 +341,23 @@ def observed_routes(
                 m.id.encode(),
                 pika.BasicProperties(headers=m.headers),
             )
-        # Every publish is confirmed, so each routed message is in its queues now.
-        reached: dict[str, set[str]] = {m.id: set() for m in messages}
+
+
+def drained_routes(
+    url: str, topology: Topology, messages: Sequence[Message]
+) -> dict[str, frozenset[str]]:
+    """Drain every live queue of ``topology`` and say which queues each message reached.
+
+    Call it once every publish is confirmed: each routed message is then in
+    its queues.
+
+    Raises AssertionError when a message reached a queue twice or a
+    delivery is not one of ours.
+    """
+    reached: dict[str, set[str]] = {m.id: set() for m in messages}
+    parameters = pika.URLParameters(url)
+    with contextlib.closing(pika.BlockingConnection(parameters)) as connection:
+        channel = connection.channel()
         live_queues = [q for q in topology.queues if _queue_exists(connection, q)]
         for queue in live_queues:
             while True:
@@ -350,6 +371,12 @@ def observed_routes(
                     raise AssertionError(f"{msg_id} reached {queue} twice")
                 reached[msg_id].add(queue)
     return {k: frozenset(v) for k, v in reached.items()}
+
+
+def live_queues(url: str, topology: Topology) -> list[str]:
+    """The queues of ``topology`` that exist now."""
+    with contextlib.closing(pika.BlockingConnection(pika.URLParameters(url))) as connection:
+        return [q for q in topology.queues if _queue_exists(connection, q)]
 
 
 def _queue_exists(connection: Any, queue: str) -> bool:
