@@ -430,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gateway-url",
         default=None,
         help="AMQP URL of the gateway for 'add queue' "
-        f"(default $RABBITFLOW_GATEWAY_URL, else {DEFAULT_GATEWAY_URL})",
+        # argparse %-formats help text: the URL's %2F must be escaped.
+        f"(default $RABBITFLOW_GATEWAY_URL, else {DEFAULT_GATEWAY_URL.replace('%', '%%')})",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

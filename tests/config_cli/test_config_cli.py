@@ -266,3 +266,12 @@ def test_add_queue_with_unreachable_gateway_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.startswith("rabbitflow-config: cannot reach the gateway at")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", [[], ["queues"], ["add"], ["set-flow"], ["stop-producers"]])
+def test_help_prints_usage_and_exits_0(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--help"], environ={}) == 0
+
+    assert capsys.readouterr().out.startswith("usage: rabbitflow-config")
