@@ -183,7 +183,10 @@ class TransportChannel:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
-        if not self.closing and not self._transport.closing and not self._transport.lost:
+        # Only a close of this channel by the broker concerns the handler; a
+        # dying connection closes its channels first, with its own reason.
+        by_broker = isinstance(reason, pika.exceptions.ChannelClosedByBroker)
+        if by_broker and not self.closing and not self._transport.closing:
             self._handler.on_channel_closed(error)
 
     def _on_flow(self, frame_or_active: Any) -> None:
