@@ -311,6 +311,8 @@ class Connection:
             IllegalStateError: closed.
             ConnectionLostError: recovery gave up.
         """
+        if self._state is _State.OPEN:
+            return  # the common case, without the lock
         with self._cond:
             while True:
                 if self._state is _State.OPEN:
@@ -487,10 +489,14 @@ class Connection:
             self._give_up(exc, attempts)
             return
         with self._cond:
+            closed = self._state is _State.CLOSED
             if self._state is _State.RECOVERING:
                 self._state = _State.OPEN
             self.reconnect_count += 1
             self._cond.notify_all()
+        if closed:  # close() ran while we reconnected
+            self._transport.close()
+            return
         _log.info("Connection recovered", connection=self._name, attempts=attempts)
 
     def _reconnect_once(self) -> None:

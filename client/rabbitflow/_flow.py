@@ -317,9 +317,15 @@ class ProducerWindow(Generic[T]):
         return out
 
     def _tags(self, tag: int, multiple: bool) -> list[int]:
-        if multiple:
-            return [t for t in self._unconfirmed if t <= tag]
-        return [tag] if tag in self._unconfirmed else []
+        if not multiple:
+            return [tag] if tag in self._unconfirmed else []
+        # Tags are inserted in increasing order: stop at the first later one.
+        tags: list[int] = []
+        for t in self._unconfirmed:
+            if t > tag:
+                break
+            tags.append(t)
+        return tags
 
     def ack(self, tag: int, multiple: bool) -> list[Confirmed[T]]:
         """The broker confirmed ``tag`` (and every earlier one if ``multiple``)."""
