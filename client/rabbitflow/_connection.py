@@ -311,7 +311,8 @@ class Connection:
             IllegalStateError: closed.
             ConnectionLostError: recovery gave up.
         """
-        if self._state is _State.OPEN:
+        state = self._state
+        if state is _State.OPEN:
             return  # the common case, without the lock
         with self._cond:
             while True:
