@@ -123,17 +123,21 @@ class Session:
                 self._admin_channel = channel
             return channel
 
+    # A failed passive declare closes the admin channel: the session lock keeps
+    # other threads of this session off it until it is replaced.
     def _ensure_queue(self, name: str) -> None:
-        try:
-            self._admin().queue_declare(name, passive=True)
-        except InvalidDestinationError:
-            self._admin().queue_declare(name, durable=True)
+        with self._lock:
+            try:
+                self._admin().queue_declare(name, passive=True)
+            except InvalidDestinationError:
+                self._admin().queue_declare(name, durable=True)
 
     def _ensure_exchange(self, name: str) -> None:
-        try:
-            self._admin().exchange_declare(name, "topic", passive=True)
-        except InvalidDestinationError:
-            self._admin().exchange_declare(name, "topic")
+        with self._lock:
+            try:
+                self._admin().exchange_declare(name, "topic", passive=True)
+            except InvalidDestinationError:
+                self._admin().exchange_declare(name, "topic")
 
     def _record(self, kind: _Declared, a: str, b: str = "") -> None:
         with self._lock:
@@ -247,7 +251,8 @@ class Session:
         if isinstance(destination, Queue):
 
             def check() -> str:
-                self._admin().queue_declare(destination.name, passive=True)
+                with self._lock:
+                    self._admin().queue_declare(destination.name, passive=True)
                 return destination.name
 
             queue = self._rpc(check)

@@ -223,7 +223,12 @@ class TransportChannel:
         )
 
     # --------------------------------------------------------------- rpc
-    def _rpc(self, start: Callable[[Callable[[Any], None]], None]) -> Any:
+    def _rpc(
+        self,
+        start: Callable[[Callable[[Any], None]], None],
+        *,
+        timeout: float | None = _RPC_TIMEOUT,
+    ) -> Any:
         """Run ``start(callback)`` on the I/O thread; wait for the callback's frame.
 
         Raises:
@@ -248,7 +253,7 @@ class TransportChannel:
                 future.set_exception(translate_error(exc))
 
         self._transport.post(run)
-        return self._transport.wait(future)
+        return self._transport.wait(future, timeout=timeout)
 
     def confirm_select(self) -> None:
         """Put the channel in confirm mode (acks go to ``on_confirm``).
@@ -267,12 +272,14 @@ class TransportChannel:
         self._rpc(lambda cb: self._channel.tx_select(callback=cb))
 
     def tx_commit(self) -> None:
-        """Commit (returns on tx.commit-ok; a flow-controlling broker may hold it).
+        """Commit (returns on tx.commit-ok; a flow-controlling broker may hold
+        it for as long as its queues stay over their thresholds, so there is
+        no time limit while the connection lives).
 
         Raises:
             JMSException: the channel or connection failed.
         """
-        self._rpc(lambda cb: self._channel.tx_commit(callback=cb))
+        self._rpc(lambda cb: self._channel.tx_commit(callback=cb), timeout=None)
 
     def tx_rollback(self) -> None:
         """Roll back.
@@ -575,26 +582,33 @@ class PikaTransport:
         """Run ``fn`` on the I/O thread after ``delay`` seconds (from the I/O thread)."""
         self._connection.ioloop.call_later(delay, fn)
 
-    def wait(self, future: concurrent.futures.Future[R]) -> R:
-        """Wait for an RPC result from another thread.
+    def wait(
+        self, future: concurrent.futures.Future[R], *, timeout: float | None = _RPC_TIMEOUT
+    ) -> R:
+        """Wait for an RPC result from another thread (``timeout`` None: as
+        long as the connection lives).
 
         Raises:
             IllegalStateError: called on the I/O thread (would deadlock).
             ConnectionLostError: the connection died while waiting.
+            ProtocolError: no answer within ``timeout`` seconds.
             JMSException: the RPC failed (translated).
         """
         if self.on_io_thread():
             raise IllegalStateError("blocking call on the rabbitflow I/O thread")
-        deadline = _RPC_TIMEOUT
+        remaining = timeout
         while True:
             if self.lost and not future.done():
                 raise ConnectionLostError("connection lost")
             try:
                 return future.result(timeout=0.2)
             except concurrent.futures.TimeoutError:
-                deadline -= 0.2
-                if deadline <= 0:
-                    raise ProtocolError("the broker did not answer within 30 s") from None
+                if remaining is not None:
+                    remaining -= 0.2
+                    if remaining <= 0:
+                        raise ProtocolError(
+                            f"the broker did not answer within {timeout:g} s"
+                        ) from None
 
     def open_channel(self, handler: ChannelHandler) -> TransportChannel:
         """Open a channel whose events go to ``handler``.
