@@ -9,6 +9,7 @@ import pytest
 from integration.broker.conftest import RunningGateway
 from integration.conftest import Broker
 from rabbitflow_broker.demo import DemoOptions, main, run
+from rabbitflow_broker.rabbitmq_node import free_port
 
 BOUND = 100 + 50 + 15
 
@@ -83,3 +84,17 @@ def test_demo_against_a_running_gateway_reports_transitions_from_the_admin_api(
     assert not any(
         q["name"].startswith("rabbitflow-demo-") for q in gateway.http("GET", "/api/queues")[1]
     )
+
+
+@pytest.mark.slow
+def test_demo_starts_a_throwaway_rabbitmq_when_none_answers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    nobody = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
+
+    code = main(["--messages", "120", "--consume-rate", "400", "--rabbitmq-url", nobody])
+
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "starting a throwaway node" in out
+    assert summary(out)["exactly once, in order"] == "OK"
