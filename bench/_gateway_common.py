@@ -123,11 +123,11 @@ class _Run:
     def __init__(self, url: str, start: Callable[[Any], None]) -> None:
         self._start = start
         self.error: str | None = None
-        self.connection = pika.SelectConnection(
+        self.connection: Any = pika.SelectConnection(
             pika.URLParameters(url),
             on_open_callback=lambda conn: conn.channel(on_open_callback=self._opened),
             on_open_error_callback=lambda _c, exc: self.fail(f"connect failed: {exc!r}"),
-            on_close_callback=lambda _c, _exc: self.connection.ioloop.stop(),
+            on_close_callback=lambda conn, _exc: conn.ioloop.stop(),
         )
         self.connection.ioloop.call_later(_RUN_TIMEOUT_S, lambda: self.fail("timed out"))
 
