@@ -215,3 +215,41 @@ def test_listener_receives_every_message_in_order(
             producer.send(session.create_text_message(str(n)))
     assert done.wait(20), f"listener got {len(got)} of 50"
     assert got == [str(n) for n in range(50)]
+
+
+def test_several_threads_share_one_producer(
+    connection: rabbitflow.Connection,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    import threading
+
+    session = connection.create_session()
+    queue = session.create_queue(unique_name("mt"))
+    cleanup_queues.append(queue.name)
+    producer = session.create_producer(queue, capacity=10)
+    errors: list[BaseException] = []
+
+    def send_all(thread: int) -> None:
+        try:
+            for n in range(200):
+                producer.send(session.create_text_message(f"{thread}:{n}"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send_all, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    producer.close()
+    assert errors == []
+    consumer = session.create_consumer(queue)
+    texts = []
+    while (message := consumer.receive(timeout=2)) is not None:
+        assert isinstance(message, rabbitflow.TextMessage)
+        texts.append(message.text)
+    assert len(texts) == 800
+    for thread in range(4):
+        mine = [int(t.split(":")[1]) for t in texts if t.startswith(f"{thread}:")]
+        assert mine == list(range(200))
