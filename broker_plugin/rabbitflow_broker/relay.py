@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,10 @@ from rabbitflow_broker.frames import (
 from rabbitflow_broker.gateway import BlockedChannel, Gateway, Route
 from rabbitflow_broker.routing import RoutingError
 
-__all__ = ["Relay"]
+__all__ = ["Connector", "Relay"]
+
+#: Opens the upstream connection (``asyncio.open_connection`` by default).
+Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 _log = structlog.get_logger("rabbitflow.broker.relay")
 
@@ -137,8 +140,11 @@ class Relay:
         gateway: Gateway,
         client_reader: asyncio.StreamReader,
         client_writer: asyncio.StreamWriter,
+        *,
+        connect: Connector | None = None,
     ) -> None:
         self.gateway = gateway
+        self._connect = connect or asyncio.open_connection
         self.number = gateway.next_connection_number()
         self._creader = client_reader
         self._cwriter = client_writer
@@ -229,7 +235,7 @@ class Relay:
         """Relay until either side closes; never raises for protocol errors."""
         host, port = self.gateway.config.upstream_address
         try:
-            self._ureader, self._uwriter = await asyncio.open_connection(host, port)
+            self._ureader, self._uwriter = await self._connect(host, port)
         except OSError as exc:
             self._log.warning("upstream unreachable", error=str(exc))
             self._cwriter.close()

@@ -1,0 +1,238 @@
+"""The relay over in-memory streams: no sockets, no RabbitMQ, no sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from pamqp import commands
+from pamqp import frame as pamqp_frame
+from pamqp import header as pamqp_header
+from pamqp.base import Frame
+from pamqp.body import ContentBody
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved, Event
+from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.relay import Relay
+
+
+class FakeWriter:
+    """Collects what the relay writes to one side."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 50514) if name == "peername" else None
+
+    def methods(self) -> list[tuple[int, Frame]]:
+        """Method frames written so far, as (channel, method)."""
+        buffer, frames = FrameReader(expect_protocol_header=False).feed(
+            bytes(self.data).removeprefix(PROTOCOL_HEADER)
+        )
+        return [(f.channel, decode_method(f.payload(buffer))) for f in frames if f.kind == 1]
+
+    def take(self) -> list[tuple[int, Frame]]:
+        got = self.methods()
+        self.data.clear()
+        return got
+
+
+@dataclass
+class Harness:
+    gateway: Gateway
+    events: list[Event]
+    client_in: asyncio.StreamReader
+    client_out: FakeWriter
+    upstream_in: asyncio.StreamReader
+    upstream_out: FakeWriter
+
+    async def settle(self) -> None:
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    async def from_client(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.client_in.feed_data(chunk)
+        await self.settle()
+
+    async def from_upstream(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.upstream_in.feed_data(chunk)
+        await self.settle()
+
+
+def method(channel: int, value: Frame) -> bytes:
+    return pamqp_frame.marshal(value, channel)
+
+
+def message(channel: int, head: Frame, body: bytes, *, split_body: bool = False) -> list[bytes]:
+    header = pamqp_frame.marshal(
+        pamqp_header.ContentHeader(0, len(body), commands.Basic.Properties()), channel
+    )
+    if split_body:
+        half = len(body) // 2
+        return [
+            method(channel, head) + header + pamqp_frame.marshal(ContentBody(body[:half]), channel),
+            pamqp_frame.marshal(ContentBody(body[half:]), channel),
+        ]
+    return [method(channel, head) + header + pamqp_frame.marshal(ContentBody(body), channel)]
+
+
+def publish(channel: int, queue: str, body: bytes = b"x") -> bytes:
+    return message(channel, commands.Basic.Publish(exchange="", routing_key=queue), body)[0]
+
+
+@pytest_asyncio.fixture
+async def harness() -> AsyncIterator[Harness]:
+    events: list[Event] = []
+    gateway = Gateway(
+        GatewayConfig(), sink=events.append, clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    )
+    gateway.routing.declare_queue("/", "q", {})
+    gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
+    upstream_in, upstream_out = asyncio.StreamReader(), FakeWriter()
+
+    async def connect(host: str, port: int) -> tuple[Any, Any]:
+        return upstream_in, upstream_out
+
+    client_in, client_out = asyncio.StreamReader(), FakeWriter()
+    relay = Relay(gateway, client_in, client_out, connect=connect)  # type: ignore[arg-type]
+    task = asyncio.create_task(relay.run())
+    h = Harness(gateway, events, client_in, client_out, upstream_in, upstream_out)
+    await h.from_client(PROTOCOL_HEADER, method(1, commands.Channel.Open()))
+    upstream_out.take()
+    yield h
+    client_in.feed_eof()
+    upstream_in.feed_eof()
+    await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.asyncio
+async def test_client_flow_ok_never_reaches_upstream(harness: Harness) -> None:
+    await harness.from_client(method(1, commands.Channel.FlowOk(active=False)))
+    assert harness.upstream_out.take() == []
+
+
+@pytest.mark.asyncio
+async def test_publishes_are_forwarded_byte_for_byte(harness: Harness) -> None:
+    raw = publish(1, "q") + publish(1, "other")
+    await harness.from_client(raw)
+    assert bytes(harness.upstream_out.data) == raw
+
+
+@pytest.mark.asyncio
+async def test_publish_over_stop_flows_the_channel_once(harness: Harness) -> None:
+    await harness.from_client(publish(1, "q"), publish(1, "q"), publish(1, "q"))
+    flows = [m for _, m in harness.client_out.take() if isinstance(m, commands.Channel.Flow)]
+    assert [f.active for f in flows] == [False]
+    assert [type(e) for e in harness.events if e.code.startswith("CHN")] == [ChannelFlowEnforced]
+
+
+@pytest.mark.asyncio
+async def test_held_confirm_is_released_as_one_multiple_ack(harness: Harness) -> None:
+    await harness.from_client(method(1, commands.Confirm.Select()))
+    await harness.from_client(publish(1, "q"), publish(1, "q"))
+    await harness.from_upstream(method(1, commands.Basic.Ack(delivery_tag=2, multiple=True)))
+    assert not [m for _, m in harness.client_out.take() if isinstance(m, commands.Basic.Ack)]
+    harness.gateway.removed("/", "q", 2, 2)
+    await harness.settle()
+    sent = [m for _, m in harness.client_out.take()]
+    acks = [(m.delivery_tag, m.multiple) for m in sent if isinstance(m, commands.Basic.Ack)]
+    assert acks == [(2, True)]
+    assert [m.active for m in sent if isinstance(m, commands.Channel.Flow)] == [True]
+    assert isinstance(harness.events[-1], ChannelFlowRemoved)
+
+
+@pytest.mark.asyncio
+async def test_multiple_ack_is_split_when_only_part_is_held(harness: Harness) -> None:
+    harness.gateway.routing.declare_queue("/", "free", {})
+    await harness.from_client(method(1, commands.Confirm.Select()))
+    await harness.from_client(publish(1, "free"), publish(1, "q"), publish(1, "q"))
+    await harness.from_upstream(method(1, commands.Basic.Ack(delivery_tag=3, multiple=True)))
+    acks = [
+        (m.delivery_tag, m.multiple)
+        for _, m in harness.client_out.take()
+        if isinstance(m, commands.Basic.Ack)
+    ]
+    assert acks == [(1, False)]
+
+
+@pytest.mark.asyncio
+async def test_refused_declare_closes_channel_406_and_stays_local(harness: Harness) -> None:
+    declare = commands.Queue.Declare(queue="bad", arguments={"qpid.flow_stop_count": -1})
+    await harness.from_client(method(1, declare))
+    upstream = harness.upstream_out.take()
+    assert not any(isinstance(m, commands.Queue.Declare) for _, m in upstream)
+    assert any(isinstance(m, commands.Channel.Close) for _, m in upstream)
+    ((channel, close),) = harness.client_out.take()
+    assert channel == 1
+    assert isinstance(close, commands.Channel.Close)
+    assert close.reply_code == 406
+    assert "qpid.flow_stop_count" in close.reply_text
+    # The client's CloseOk and RabbitMQ's CloseOk are both the gateway's business.
+    await harness.from_client(method(1, commands.Channel.CloseOk()))
+    await harness.from_upstream(method(1, commands.Channel.CloseOk()))
+    assert harness.upstream_out.take() == []
+    assert harness.client_out.take() == []
+
+
+@pytest.mark.asyncio
+async def test_reopened_channel_waits_for_upstream_close_ok(harness: Harness) -> None:
+    declare = commands.Queue.Declare(queue="bad", arguments={"qpid.flow_stop_count": "x"})
+    await harness.from_client(method(1, declare), method(1, commands.Channel.CloseOk()))
+    harness.upstream_out.take()
+    await harness.from_client(method(1, commands.Channel.Open()))
+    assert harness.upstream_out.take() == []
+    await harness.from_upstream(method(1, commands.Channel.CloseOk()))
+    assert [type(m) for _, m in harness.upstream_out.take()] == [commands.Channel.Open]
+
+
+@pytest.mark.asyncio
+async def test_gateway_frame_waits_for_the_end_of_a_delivery(harness: Harness) -> None:
+    await harness.from_client(publish(1, "q"), publish(1, "q"))  # flowed
+    harness.client_out.take()
+    first, rest = message(
+        1, commands.Basic.Deliver("ctag", 1, False, "", "q"), b"0123456789", split_body=True
+    )
+    await harness.from_upstream(first)
+    harness.gateway.removed("/", "q", 2, 2)  # unflow while the delivery is half written
+    await harness.settle()
+    assert not any(isinstance(m, commands.Channel.Flow) for _, m in harness.client_out.methods())
+    await harness.from_upstream(rest)
+    buffer, frames = FrameReader().feed(bytes(harness.client_out.data))
+    assert [f.kind for f in frames] == [1, 2, 3, 3, 1]  # deliver, header, 2 bodies, flow
+    assert isinstance(decode_method(frames[-1].payload(buffer)), commands.Channel.Flow)
+
+
+@pytest.mark.asyncio
+async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
+    await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
+    ((channel, close),) = harness.client_out.take()
+    assert channel == 0
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 501
+    assert harness.client_out.closed
