@@ -373,14 +373,19 @@ class Gateway:
 
         return blocked
 
-    def first_blocked(self, vhost: str, route: Route) -> str | None:
-        """The name CHN-1005 prints for a publish on this route, or None."""
-        if vhost in self.blocked_vhosts:
-            return ALL_QUEUES
+    def blockers(self, vhost: str, route: Route) -> list[str]:
+        """What blocks a publish on this route, in the order CHN-1005 names them.
+
+        ``** All Queues **`` first when the whole vhost is blocked, then the
+        route's overfull queues by name; empty when nothing blocks.
+        """
+        found = [ALL_QUEUES] if vhost in self.blocked_vhosts else []
+        flows = self._flows
         for queue in sorted(route):
-            if self.is_blocked(vhost, queue):
-                return queue
-        return None
+            machine = flows.get((vhost, queue))
+            if machine is not None and machine.stopped:
+                found.append(queue)
+        return found
 
     def blocker_active(self, vhost: str, blocker: str) -> bool:
         """Whether a channel's recorded blocker still holds."""

@@ -582,9 +582,7 @@ class Relay:
         if channel.confirm is not None:
             channel.confirm.published(route)
         if route or self.gateway.blocked_vhosts:
-            blocker = self.gateway.first_blocked(vhost, route)
-            if blocker is not None:
-                self._block(channel, blocker)
+            self._block_on(channel, route)
 
     def _c_ack(self, channel: _Channel | None, number: int, payload: bytes) -> bool:
         assert channel is not None
@@ -822,12 +820,10 @@ class Relay:
             confirms, held = tracker.upstream_ack(
                 ack.delivery_tag, ack.multiple, self.gateway.route_blocker(self.vhost)
             )
-            if held and not channel.blockers:
-                # Its confirm is held: the channel that published it is flowed
-                # too, even if it has not published since the queue filled up.
-                blocker = self.gateway.first_blocked(self.vhost, held[0])
-                if blocker is not None:
-                    self._block(channel, blocker)
+            # A held confirm flows the channel that published it too, even
+            # if it has not published since the queue filled up.
+            for route in held:
+                self._block_on(channel, route)
         else:
             confirms, routes = tracker.upstream_nack(ack.delivery_tag, ack.multiple)
             # A nacked publish was not enqueued (e.g. reject-publish overflow).
@@ -859,9 +855,7 @@ class Relay:
         frozen = frozenset(route)
         if frozen and self.gateway.route_blocker(self.vhost)(frozen):
             channel.held_commits.append(frozen)
-            blocker = self.gateway.first_blocked(self.vhost, frozen)
-            if blocker is not None:
-                self._block(channel, blocker)
+            self._block_on(channel, frozen)
             return False
         if channel.held_commits:
             # Keep commit-oks in order behind a held one.
@@ -873,6 +867,12 @@ class Relay:
         return True
 
     # -- blocking ------------------------------------------------------------
+
+    def _block_on(self, channel: _Channel, route: Route) -> None:
+        """Record every blocker of a route; the first one flows the channel."""
+        for blocker in self.gateway.blockers(self.vhost, route):
+            if blocker not in channel.blockers:
+                self._block(channel, blocker)
 
     def _block(self, channel: _Channel, blocker: str) -> None:
         first = not channel.blockers

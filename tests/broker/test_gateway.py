@@ -73,6 +73,16 @@ def test_removals_below_resume_emit_underfull_and_wake_connections() -> None:
     assert not gateway.is_blocked("/", "q")
 
 
+def test_blockers_name_every_stopped_queue_of_the_route_in_order() -> None:
+    gateway, _ = _gateway()
+    for name in ("b", "a", "c"):
+        gateway.queue_declared("/", name, {"qpid.flow_stop_count": 1})
+    for name in ("b", "a"):
+        gateway.published("/", frozenset({name}), 1)
+        gateway.published("/", frozenset({name}), 1)
+    assert gateway.blockers("/", frozenset({"a", "b", "c"})) == ["a", "b"]
+
+
 def test_route_blocker_sees_any_stopped_queue() -> None:
     gateway, _ = _gateway()
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1})
@@ -86,7 +96,7 @@ def test_route_blocker_sees_any_stopped_queue() -> None:
 def test_vhost_block_names_all_queues() -> None:
     gateway, _ = _gateway()
     gateway.set_vhost_blocked("/", True)
-    assert gateway.first_blocked("/", frozenset({"q"})) == ALL_QUEUES
+    assert gateway.blockers("/", frozenset({"q"})) == [ALL_QUEUES]
     assert gateway.route_blocker("/")(frozenset({"q"}))
 
 
