@@ -131,3 +131,69 @@ def test_bad_credentials_are_refused_by_rabbitmq(gateway: RunningGateway) -> Non
     params = pika.URLParameters(f"amqp://guest:wrong@127.0.0.1:{gateway.port}/%2F")
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         pika.BlockingConnection(params)
+
+
+def test_nacked_publish_is_not_counted(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("reject")
+    cleanup_queues.append(queue)
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(
+        queue,
+        arguments={
+            "x-max-length": 2,
+            "x-overflow": "reject-publish",
+            "qpid.flow_stop_count": 0,
+            "qpid.flow_stop_size": 0,
+        },
+    )
+    channel.basic_publish("", queue, b"1")
+    channel.basic_publish("", queue, b"2")
+    with pytest.raises(pika.exceptions.NackError):
+        channel.basic_publish("", queue, b"3")
+    connection.close()
+    assert gateway.queue(queue)["messages"] == 2
+
+
+def test_purge_and_delete_through_gateway_update_depth(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("purge")
+    cleanup_queues.append(queue)
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue)
+    for _ in range(4):
+        channel.basic_publish("", queue, b"abcd")
+    channel.queue_purge(queue)
+    assert (gateway.queue(queue)["messages"], gateway.queue(queue)["bytes"]) == (0, 0)
+    channel.queue_delete(queue)
+    status, _ = gateway.http("GET", f"/api/queues/%2F/{queue}")
+    connection.close()
+    assert status == 404
+
+
+def test_unacked_deliveries_stay_in_depth_when_consumer_channel_closes(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("requeue")
+    cleanup_queues.append(queue)
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue)
+    channel.basic_publish("", queue, b"x")
+    consumer = connection.channel()
+    method, _props, _body = consumer.basic_get(queue)
+    assert method is not None
+    consumer.close()
+    assert gateway.queue(queue)["messages"] == 1
+    method, _props, _body = channel.basic_get(queue)
+    assert method is not None
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    wait_for(lambda: gateway.queue(queue)["messages"] == 0, what="depth 0 after reject")
+    connection.close()
