@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import random
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,9 @@ os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(32)))
 
 def new_message_id() -> str:
     """A fresh JMSMessageID: ``ID:<random uuid4>``."""
-    return f"ID:{uuid.UUID(int=_rng.getrandbits(128), version=4)}"
+    h = f"{_rng.getrandbits(128):032x}"
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"ID:{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +134,14 @@ class Message:
     # ------------------------------------------------------------- wire
     def to_wire(self) -> WireProperties:
         """AMQP properties for this message (headers set by ``send()`` included)."""
-        headers: dict[str, Any] = dict(self.properties)
-        headers[_TIMESTAMP_HEADER] = self.timestamp
+        headers: dict[str, Any] | None = None
+        if self.properties:
+            headers = dict(self.properties)
+        if self.timestamp % 1000:
+            # AMQP's timestamp has whole seconds; keep JMS's milliseconds in a
+            # header (only when there are any: an empty table costs nothing).
+            headers = headers if headers is not None else {}
+            headers[_TIMESTAMP_HEADER] = self.timestamp
         ttl = self.expiration - self.timestamp if self.expiration else 0
         text = isinstance(self, TextMessage)
         return WireProperties(
