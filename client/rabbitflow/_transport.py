@@ -163,7 +163,7 @@ def _coalesce_writes(connection: Any) -> None:
     keeps the bytes and their order and cuts the syscalls to one per batch.
     Skipped if pika's internals are not as expected.
     """
-    transport = getattr(connection, "_transport", None)
+    transport: Any = getattr(connection, "_transport", None)
     produce = getattr(transport, "_produce", None)
     buffers = getattr(transport, "_tx_buffers", None)
     if produce is None or not isinstance(buffers, collections.deque):
