@@ -403,22 +403,30 @@ class Connection:
 
     def _reset_consumer_flow(self, consumer: MessageConsumer) -> None:
         with self._flow_lock:
-            self._apply(self._flow.reset(consumer.id))
+            if consumer.id in self._consumers:
+                self._apply(self._flow.reset(consumer.id))
 
+    # A consumer closed meanwhile (e.g. while its listener ran) is ignored:
+    # closing its channel returned its unacked messages to the queue.
     def _flow_delivered(self, consumer_id: int) -> None:
         with self._flow_lock:
-            self._flow.delivered(consumer_id)
+            if consumer_id in self._consumers:
+                self._flow.delivered(consumer_id)
 
     def _flow_processed(self, consumer_id: int, tag: int) -> None:
         with self._flow_lock:
-            self._apply(self._flow.processed(consumer_id, tag))
+            if consumer_id in self._consumers:
+                self._apply(self._flow.processed(consumer_id, tag))
 
     def _flow_acknowledged(self, consumer_id: int) -> None:
         with self._flow_lock:
-            self._apply(self._flow.acknowledged(consumer_id))
+            if consumer_id in self._consumers:
+                self._apply(self._flow.acknowledged(consumer_id))
 
     def _flow_stats(self, consumer_id: int) -> ConsumerFlowStats:
         with self._flow_lock:
+            if consumer_id not in self._consumers:
+                return ConsumerFlowStats(0, 0, 0, 0, 0, ())
             return self._flow.stats(consumer_id)
 
     def _restart_consumer(self, consumer: MessageConsumer, *, rollback: bool) -> None:

@@ -167,3 +167,13 @@ def test_closed_connection_refuses_new_sessions() -> None:
     connection.close()
     with pytest.raises(rabbitflow.IllegalStateError, match="closed"):
         connection.create_session()
+
+
+def test_message_processed_after_its_consumer_closed_is_ignored() -> None:
+    _, connection, session, consumer, channel = setup()
+    connection.start()
+    channel.emit_deliver(1, b"x")
+    generation, delivery = consumer._buffer[0]
+    consumer.close()
+    session._processed(consumer, generation, delivery)  # e.g. a listener returning late
+    assert consumer.flow_stats().delivered == 0
