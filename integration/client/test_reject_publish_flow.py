@@ -43,7 +43,9 @@ WAIT_FAILURE_MS = 3000
 
 
 class _Recorder(logging.Handler):
-    """Keeps every record of the client logger (caplog is per test; this run is per module)."""
+    """caplog for a module-scoped run: a handler on the root logger, so only
+    records that propagate from ``rabbitflow.client`` (as a user's logging
+    configuration would see them) are kept."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
@@ -124,13 +126,13 @@ def run(broker: Broker) -> Iterator[Run]:
     logger = logging.getLogger(CLIENT_LOGGER)
     old_level = logger.level
     logger.setLevel(logging.DEBUG)
-    logger.addHandler(recorder)
+    logging.getLogger().addHandler(recorder)
     try:
         result = _scenario(broker.url, queue)
         result.records = recorder.records
         yield result
     finally:
-        logger.removeHandler(recorder)
+        logging.getLogger().removeHandler(recorder)
         logger.setLevel(old_level)
         connection = broker.blocking_connection()
         try:
