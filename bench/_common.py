@@ -15,8 +15,8 @@ API:
 ``Timing``
     One measured run: ``label``, ``size``, ``messages``, ``seconds`` and
     ``rate`` (messages per second).
-``print_table(timings)``
-    A fixed-width table of timings.
+``print_header()``, ``print_row(timing)``, ``print_table(timings)``
+    A fixed-width table of timings, row by row (flushed) or at once.
 """
 
 from __future__ import annotations
@@ -29,7 +29,16 @@ from typing import Any
 
 import pika
 
-__all__ = ["DEFAULT_URL", "Timing", "payload", "print_table", "queue_depth", "scratch_queue"]
+__all__ = [
+    "DEFAULT_URL",
+    "Timing",
+    "payload",
+    "print_header",
+    "print_row",
+    "print_table",
+    "queue_depth",
+    "scratch_queue",
+]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -100,8 +109,21 @@ class Timing:
         return self.messages / self.seconds if self.seconds > 0 else float("inf")
 
 
+def print_header() -> None:
+    """Print the column heads of :func:`print_row`."""
+    print(f"{'run':<40} {'size':>6} {'messages':>9} {'seconds':>9} {'msgs/s':>10}", flush=True)
+
+
+def print_row(t: Timing) -> None:
+    """Print one timing: label, size, messages, seconds, msgs/s (flushed at once)."""
+    print(
+        f"{t.label:<40} {t.size:>6} {t.messages:>9} {t.seconds:>9.2f} {t.rate:>10.0f}",
+        flush=True,
+    )
+
+
 def print_table(timings: Iterable[Timing]) -> None:
-    """Print one line per timing: label, size, messages, seconds, msgs/s."""
-    print(f"{'run':<40} {'size':>6} {'messages':>9} {'seconds':>9} {'msgs/s':>10}")
+    """Print a header and one line per timing."""
+    print_header()
     for t in timings:
-        print(f"{t.label:<40} {t.size:>6} {t.messages:>9} {t.seconds:>9.2f} {t.rate:>10.0f}")
+        print_row(t)

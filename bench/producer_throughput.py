@@ -34,7 +34,15 @@ if __package__ in (None, ""):
     # Run as a file (python bench/producer_throughput.py): make `bench` importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, Timing, payload, print_table, queue_depth, scratch_queue
+from bench._common import (
+    DEFAULT_URL,
+    Timing,
+    payload,
+    print_header,
+    print_row,
+    queue_depth,
+    scratch_queue,
+)
 
 CAPACITY = 100
 
@@ -216,17 +224,16 @@ def main(argv: list[str] | None = None) -> int:
         f"producer throughput: {args.messages} messages per run, "
         f"{'persistent' if persistent else 'transient'}, broker {args.url.split('@')[-1]}"
     )
-    all_timings: list[Timing] = []
     best: dict[int, dict[str, Timing]] = {size: {} for size in sizes}
+    print_header()
     for _ in range(args.rounds):
         for size in sizes:
             for key, timing in measure(
                 args.url, size, args.messages, persistent, args.runs
             ).items():
-                all_timings.append(timing)
+                print_row(timing)
                 if key not in best[size] or timing.rate > best[size][key].rate:
                     best[size][key] = timing
-    print_table(all_timings)
     print()
     if args.rounds > 1:
         print(f"ratios from the best of {args.rounds} rounds of each run")
