@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
@@ -27,6 +27,7 @@ from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import LINES_SCHEMA, QUEUE_LIMITS_SCHEMA
 
 __all__ = [
+    "SPARK_CONF",
     "TABLES",
     "AnalysisResult",
     "QueueLimitsError",
@@ -48,6 +49,13 @@ TABLES = (
     "malformed",
 )
 
+#: Session settings the transforms need.  Constraint propagation infers
+#: filters from every aliased CASE expression of the malformed-line checks
+#: and grows exponentially with them (planning took minutes and ran out of
+#: heap); the transforms gain nothing from it.
+SPARK_CONF = {"spark.sql.constraintPropagation.enabled": "false"}
+
+WINDOW_SCHEMA = "window_start timestamp, window_end timestamp, window_s double"
 TIMELINE_BUCKETS = 240
 TIMELINE_QUEUES = 30
 
@@ -65,6 +73,7 @@ class AnalysisResult:
     malformed: int
     episodes: int
     seconds: float
+    phases: Mapping[str, float]
 
 
 def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze") -> SparkSession:
@@ -72,7 +81,14 @@ def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze
 
     Session time zone is UTC so every timestamp is read and written in UTC.
     """
-    builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config(
+            "spark.sql.constraintPropagation.enabled",
+            SPARK_CONF["spark.sql.constraintPropagation.enabled"],
+        )
+    )
     # spark-submit starts the Py4J gateway itself and hands its port to Python.
     under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is None and not under_submit:
@@ -83,7 +99,10 @@ def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze
         builder = builder.config("spark.sql.shuffle.partitions", "8").config(
             "spark.ui.showConsoleProgress", "false"
         )
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    # Spark logs a stack trace at WARN for every input glob it resolves; keep the console useful.
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -177,21 +196,43 @@ def analyze(
         pyspark.errors.AnalysisException: an input path matches no file.
     """
     started = time.monotonic()
+    phases: dict[str, float] = {}
+    mark = started
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = now - mark
+        mark = now
+
     out.mkdir(parents=True, exist_ok=True)
-    parsed = tf.parse_event_lines(read_lines(spark, event_paths)).persist()
-    counts = parsed.agg(
+    # One pass over the input: parse, count and time-bound it on the fly
+    # (observe), pair every kind of event in one shuffle, and cache only the
+    # paired intervals.
+    stats = Observation("events")
+    parsed = tf.parse_event_lines(read_lines(spark, event_paths)).observe(
+        stats,
         F.count(F.lit(1)).alias("lines"),
         F.count("malformed_reason").alias("malformed"),
-    ).collect()[0]
-    events = tf.valid_events(parsed)
+        F.min(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_start"),
+        F.max(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_end"),
+    )
+    intervals = tf.flow_intervals(parsed).persist()
+    intervals.count()
+    counts = stats.get
+    phase("parse+pair+cache")
 
-    episodes = _write(tf.queue_episodes(events), out, "episodes")
-    blocks = _write(tf.channel_blocks(events), out, "channel_blocks")
-    stores = _write(tf.store_episodes(events), out, "store_episodes")
-    window_row = tf.observed_window(events).collect()[0]
-    window = spark.createDataFrame([window_row], tf.observed_window(events).schema)
+    episodes = _write(tf.episodes_from(intervals), out, "episodes")
+    blocks = _write(tf.channel_blocks_from(intervals), out, "channel_blocks")
+    stores = _write(tf.store_episodes_from(intervals), out, "store_episodes")
+    phase("write episodes/blocks/store")
+    start_ts, end_ts = counts["window_start"], counts["window_end"]
+    span = (end_ts - start_ts).total_seconds() if start_ts and end_ts else None
+    window_row = {"window_start": start_ts, "window_end": end_ts, "window_s": span}
+    window = spark.createDataFrame([(start_ts, end_ts, span)], WINDOW_SCHEMA)
 
     summary = _write(tf.queue_summary(episodes, blocks, window), out, "queue_summary")
+    phase("queue_summary")
 
     parsed_client = tf.parse_client_lines(read_lines(spark, client_paths)).persist()
     client = tf.client_flow_records(parsed_client)
@@ -200,7 +241,8 @@ def analyze(
     if queue_limits is not None:
         limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
     advice = _write(tf.advice(episodes, client, limits), out, "advice")
-    malformed = _write(tf.malformed_summary(parsed, parsed_client), out, "malformed")
+    malformed = _write(tf.malformed_from(intervals, parsed_client), out, "malformed")
+    phase("client+advice+malformed")
 
     top = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(TIMELINE_QUEUES)
     timeline = tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS)
@@ -227,19 +269,19 @@ def analyze(
         summary=_rows(summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(50)),
         timeline=_rows(timeline),
         timeline_buckets=TIMELINE_BUCKETS,
+        timeline_queues=_rows(top.select("vhost", "queue")),
         block_histogram=_rows(tf.duration_histogram(blocks, "duration_s")),
         delay_histogram=_rows(tf.duration_histogram(client_waits, "waited_s")),
         advice=_rows(
-            advice.orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")).limit(
-                100
-            )
+            advice.orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")).limit(100)
         ),
         malformed=_rows(malformed.orderBy(F.desc("count")).limit(200)),
         store_episodes=_rows(stores.orderBy("start").limit(50)),
         send_delays=_rows(delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20)),
     )
     (out / "report.html").write_text(render_report(data), encoding="utf-8")
-    parsed.unpersist()
+    phase("report")
+    intervals.unpersist()
     parsed_client.unpersist()
     return AnalysisResult(
         out=out,
@@ -247,6 +289,7 @@ def analyze(
         malformed=totals["malformed lines"],
         episodes=totals["flow episodes"],
         seconds=time.monotonic() - started,
+        phases=phases,
     )
 
 

@@ -30,6 +30,7 @@ class ReportData:
     summary: Sequence[Row]
     timeline: Sequence[Row]  # vhost, queue, bucket, overfull_s, bucket_s
     timeline_buckets: int
+    timeline_queues: Sequence[Row]  # vhost, queue of the drawn lines, top first
     block_histogram: Sequence[Row]  # bucket, lower_s, upper_s, count
     delay_histogram: Sequence[Row]
     advice: Sequence[Row]
@@ -72,17 +73,15 @@ def _duration(seconds: float) -> str:
 def timeline_svg(
     rows: Sequence[Row],
     *,
+    queues: Sequence[Row],
     buckets: int,
     window_start: dt.datetime | None,
     window_end: dt.datetime | None,
     width: int = 1300,
 ) -> str:
     """Heat strips: one line per queue, darker where the queue was overfull longer."""
-    labels: list[str] = []
-    for row in rows:
-        label = _label(row)
-        if label not in labels:
-            labels.append(label)
+    drawn = {_label(row) for row in rows}
+    labels = [_label(q) for q in queues if _label(q) in drawn]
     if not labels or buckets <= 0:
         return "<p class='empty'>No flow episodes.</p>"
     left, top, line_h = 220, 24, 18
@@ -102,6 +101,8 @@ def timeline_svg(
         )
     index = {label: i for i, label in enumerate(labels)}
     for row in rows:
+        if _label(row) not in index:
+            continue
         frac = min(1.0, float(row["overfull_s"]) / max(float(row["bucket_s"]), 1e-9))
         x = left + int(row["bucket"]) * cell_w
         y = top + index[_label(row)] * line_h + 2
@@ -126,9 +127,7 @@ def timeline_svg(
     return "".join(parts)
 
 
-def bar_chart_svg(
-    items: Sequence[tuple[str, float]], *, unit: str = "s", width: int = 1300
-) -> str:
+def bar_chart_svg(items: Sequence[tuple[str, float]], *, unit: str = "s", width: int = 1300) -> str:
     """Horizontal bars, one per (label, value), longest first as given."""
     if not items:
         return "<p class='empty'>Nothing to chart.</p>"
@@ -176,7 +175,9 @@ def histogram_svg(rows: Sequence[Row], *, color: str = _PALETTE[2], width: int =
         h = plot_h * count / peak
         x = left + i * bar_w
         lower = _duration(float(row["lower_s"]))
-        name = f"≥{lower}" if row["upper_s"] is None else f"{lower}–{_duration(float(row['upper_s']))}"
+        name = (
+            f"≥{lower}" if row["upper_s"] is None else f"{lower}–{_duration(float(row['upper_s']))}"
+        )
         parts.append(
             f"<rect x='{x + 2:.1f}' y='{top + plot_h - h:.1f}' width='{bar_w - 4:.1f}' "
             f"height='{h:.1f}' fill='{color}'><title>{_e(name)}: {count:,}</title></rect>"
@@ -229,8 +230,15 @@ def render_report(data: ReportData) -> str:
         if float(r.get("time_overfull_s") or 0) > 0
     ][:30]
     summary_cols = [
-        "vhost", "queue", "flow_stopped_count", "time_overfull_s", "pct_time_overfull",
-        "open_episodes", "duration_p50_s", "duration_p95_s", "duration_max_s",
+        "vhost",
+        "queue",
+        "flow_stopped_count",
+        "time_overfull_s",
+        "pct_time_overfull",
+        "open_episodes",
+        "duration_p50_s",
+        "duration_p95_s",
+        "duration_max_s",
         "channels_blocked",
     ]
     advice_cols = ["vhost", "queue", "episodes", "stop_ok", "stop_advice", "resume_advice"]
@@ -246,6 +254,7 @@ def render_report(data: ReportData) -> str:
         "the time slice.</div>",
         timeline_svg(
             data.timeline,
+            queues=data.timeline_queues,
             buckets=data.timeline_buckets,
             window_start=data.window_start,
             window_end=data.window_end,
@@ -272,8 +281,14 @@ def render_report(data: ReportData) -> str:
         "<h2>Send delays (client logs)</h2>",
         _table(
             data.send_delays,
-            ["producer", "destination", "longest_delay_ms", "delayed_notices", "timeouts",
-             "capacity"],
+            [
+                "producer",
+                "destination",
+                "longest_delay_ms",
+                "delayed_notices",
+                "timeouts",
+                "capacity",
+            ],
             empty="No client flow records.",
         ),
         "<h2>Malformed lines</h2>",

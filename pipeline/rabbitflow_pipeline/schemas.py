@@ -55,6 +55,8 @@ CLIENT_FLOW_EVENTS: tuple[str, ...] = (
     "send_failed",
     "flow_enforced",
     "flow_removed",
+    "connection_blocked",
+    "connection_unblocked",
 )
 
 _SPARK_TYPES: dict[type, T.DataType] = {
@@ -81,7 +83,10 @@ def spark_type(kind: type) -> T.DataType:
 def event_record_schema() -> T.StructType:
     """The schema of one gateway event-log line, built from the event classes."""
     return T.StructType(
-        [T.StructField(name, spark_type(kind), nullable=True) for name, kind in record_fields().items()]
+        [
+            T.StructField(name, spark_type(kind), nullable=True)
+            for name, kind in record_fields().items()
+        ]
     )
 
 

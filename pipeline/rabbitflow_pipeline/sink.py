@@ -7,7 +7,9 @@ slows down instead of overflowing it.
 
 Deduplication contract
 ----------------------
-Every message carries a deterministic id (AMQP ``message_id``):
+Every message carries a deterministic row id in the application header
+``rabbitflow_row_id`` (the SDK stamps its own AMQP ``message_id`` on every
+send, as JMS providers do):
 
 * ``id_column`` given: the string value of that column (must be unique and
   non-null; a null id raises :class:`SinkError` and fails the task);
@@ -19,9 +21,8 @@ Every message carries a deterministic id (AMQP ``message_id``):
 A Spark task that fails after some of its rows were confirmed is retried
 from the start of its partition; the retry re-sends those rows *with the
 same ids*.  The sink is therefore at-least-once with idempotent ids:
-consumers (or a deduplicating plugin/queue in front of them) drop a
-``message_id`` they have already processed, which makes the end result
-exactly-once.  Rows are never reordered within a partition and never
+consumers drop a ``rabbitflow_row_id`` they have already processed, which
+makes the end result exactly-once.  Rows are never reordered within a partition and never
 dropped: a send that fails raises, failing the task, and Spark retries it.
 """
 
@@ -37,6 +38,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
 
 __all__ = [
+    "ROW_ID_HEADER",
     "Producer",
     "SinkError",
     "message_id",
@@ -44,6 +46,10 @@ __all__ = [
     "publish_dataframe",
     "send_messages",
 ]
+
+
+#: Application header carrying the deterministic row id.
+ROW_ID_HEADER = "rabbitflow_row_id"
 
 
 class SinkError(Exception):
@@ -165,11 +171,9 @@ class _SdkProducer:
 
 
 def _set_message_id(message: Any, mid: str) -> None:
-    setter = getattr(message, "set_jms_message_id", None)
-    if callable(setter):
-        setter(mid)
-        return
-    message.jms_message_id = mid
+    # send() stamps its own AMQP message_id (as JMS providers do), so the
+    # row id travels as an application header.
+    message.set_property(ROW_ID_HEADER, mid)
 
 
 def publish_dataframe(

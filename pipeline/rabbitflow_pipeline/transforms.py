@@ -35,9 +35,12 @@ from rabbitflow_pipeline.schemas import (
     ALL_QUEUES,
     CLIENT_FLOW_EVENTS,
     CLIENT_RECORD_SCHEMA,
+    CHANNEL_BLOCKS_SCHEMA,
     CORRUPT_COLUMN,
+    EPISODES_SCHEMA,
     EVENT_CODES,
     EVENT_RECORD_SCHEMA,
+    STORE_EPISODES_SCHEMA,
     required_fields,
 )
 
@@ -45,9 +48,13 @@ __all__ = [
     "DEFAULT_HISTOGRAM_EDGES_S",
     "advice",
     "channel_blocks",
+    "channel_blocks_from",
     "client_flow_records",
     "duration_histogram",
     "episode_timeline",
+    "episodes_from",
+    "flow_intervals",
+    "malformed_from",
     "malformed_summary",
     "observed_window",
     "parse_client_lines",
@@ -56,6 +63,7 @@ __all__ = [
     "queue_summary",
     "send_delays",
     "store_episodes",
+    "store_episodes_from",
     "valid_events",
 ]
 
@@ -92,20 +100,29 @@ def parse_event_lines(lines: DataFrame) -> DataFrame:
     :data:`EVENT_RECORD_SCHEMA`, ``source``, ``seq`` (input position, for
     tie-breaking) and ``malformed_reason``: null for a good event, else one
     of ``bad_json`` (not a JSON object), ``bad_field`` (a field of the wrong
-    type, e.g. an unparseable ``ts``), ``missing_ts``, ``missing_code``,
-    ``unknown_code``, ``missing_field`` (a field its code requires).
-    Blank lines are skipped.
+    JSON type), ``bad_ts`` (``ts`` is not an ISO-8601 time), ``missing_ts``,
+    ``missing_code``, ``unknown_code``, ``missing_field`` (a field its code
+    requires).  Blank lines are skipped.
     """
-    schema = _with_corrupt_column(EVENT_RECORD_SCHEMA)
+    # ts travels as text and is cast afterwards: Spark's cast is several
+    # times faster than the JSON reader's pattern-based timestamp parser.
+    wire = T.StructType(
+        [
+            T.StructField(f.name, T.StringType() if f.name == "ts" else f.dataType)
+            for f in EVENT_RECORD_SCHEMA.fields
+        ]
+    )
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
     parsed = (
         lines.where(F.length(F.trim(F.col("value"))) > 0)
         .select(
-            F.from_json("value", schema, options).alias("r"),
+            F.from_json("value", _with_corrupt_column(wire), options).alias("r"),
             "source",
             F.monotonically_increasing_id().alias("seq"),
         )
         .select("r.*", "source", "seq")
+        .withColumnRenamed("ts", "_ts_text")
+        .withColumn("ts", F.col("_ts_text").try_cast(T.TimestampType()))
     )
     missing_required = F.lit(False)
     for code, names in required_fields().items():
@@ -115,11 +132,12 @@ def parse_event_lines(lines: DataFrame) -> DataFrame:
         missing_required = missing_required | ((F.col("code") == code) & lacks)
     reason = (
         F.when(
-            F.col(CORRUPT_COLUMN).isNotNull() & F.col("ts").isNull() & F.col("code").isNull(),
+            F.col(CORRUPT_COLUMN).isNotNull() & F.col("_ts_text").isNull() & F.col("code").isNull(),
             "bad_json",
         )
         .when(F.col(CORRUPT_COLUMN).isNotNull(), "bad_field")
-        .when(F.col("ts").isNull(), "missing_ts")
+        .when(F.col("_ts_text").isNull(), "missing_ts")
+        .when(F.col("ts").isNull(), "bad_ts")
         .when(F.col("code").isNull(), "missing_code")
         .when(~F.col("code").isin(*EVENT_CODES), "unknown_code")
         .when(missing_required, "missing_field")
@@ -170,7 +188,9 @@ def client_flow_records(parsed: DataFrame) -> DataFrame:
     return parsed.where(F.col("malformed_reason").isNull()).drop("malformed_reason")
 
 
-def malformed_summary(parsed_events: DataFrame, parsed_client: DataFrame | None = None) -> DataFrame:
+def malformed_summary(
+    parsed_events: DataFrame, parsed_client: DataFrame | None = None
+) -> DataFrame:
     """Count malformed lines per (log, source, reason).
 
     ``log`` is ``gateway`` or ``client``; client lines that are merely not
@@ -179,6 +199,10 @@ def malformed_summary(parsed_events: DataFrame, parsed_client: DataFrame | None 
     gateway = parsed_events.where(F.col("malformed_reason").isNotNull()).select(
         F.lit("gateway").alias("log"), "source", F.col("malformed_reason").alias("reason")
     )
+    return _count_malformed(gateway, parsed_client)
+
+
+def _count_malformed(gateway: DataFrame, parsed_client: DataFrame | None) -> DataFrame:
     frames = gateway
     if parsed_client is not None:
         client = parsed_client.where(
@@ -188,44 +212,115 @@ def malformed_summary(parsed_events: DataFrame, parsed_client: DataFrame | None 
     return frames.groupBy("log", "source", "reason").agg(F.count(F.lit(1)).alias("count"))
 
 
-def _pair(
-    events: DataFrame,
-    *,
-    keys: Sequence[str],
-    open_codes: Sequence[str],
-    close_codes: Sequence[str],
-    start_cols: Mapping[str, Column],
-    end_cols: Mapping[str, Column],
-) -> DataFrame:
-    """Pair each opening event with the next closing event per key.
+_OPEN_CODES = (_QUEUE_OPEN, _CHANNEL_OPEN, _STORE_OPEN)
+_CLOSE_CODES = (_QUEUE_CLOSE, *_CHANNEL_CLOSE, _STORE_CLOSE)
 
-    An opening event directly after another opening event (no close
-    between) is a repeat and opens nothing; a closing event with nothing
-    open is ignored.  Both passes use one window spec, so Spark shuffles
-    and sorts once.
+
+def flow_intervals(parsed: DataFrame) -> DataFrame:
+    """Pair every opening event with the next closing event of its key, in one pass.
+
+    ``parsed`` is :func:`parse_event_lines` output (malformed rows allowed:
+    they come out as ``kind = 'malformed'`` rows with their ``reason``) or
+    :func:`valid_events` output.  Keys: (vhost, queue) for QUE, (source,
+    connection, channel) for CHN, vhost for MST.  An opening event right
+    after another opening event (no close between) opens nothing; a
+    closing event with nothing open is ignored.  All kinds share one window
+    spec, so Spark shuffles and sorts the events once; the per-table
+    functions below select from this.
     """
-    window = Window.partitionBy(*keys).orderBy("ts", "seq")
-    is_open = F.col("code").isin(*open_codes)
-    marked = (
-        events.where(F.col("code").isin(*open_codes, *close_codes))
-        .withColumn("_is_open", is_open)
-        .withColumn("_prev_open", F.coalesce(F.lag("_is_open").over(window), F.lit(False)))
+    reason = (
+        F.col("malformed_reason")
+        if "malformed_reason" in parsed.columns
+        else F.lit(None).cast("string")
     )
-    boundaries = marked.where(F.col("_is_open") != F.col("_prev_open"))
-    end_exprs = {"_end_ts": F.col("ts"), **end_cols}
-    with_end = boundaries.select(
+    code = F.col("code")
+    kind = (
+        F.when(reason.isNotNull(), "malformed")
+        .when(code.startswith("QUE-"), "queue")
+        .when(code.startswith("CHN-"), "channel")
+        .when(code.startswith("MST-"), "store")
+    )
+    keyed = parsed.select(
         "*",
-        *(F.lead(expr).over(window).alias(name) for name, expr in end_exprs.items()),
+        reason.alias("_reason"),
+        kind.alias("kind"),
+    ).select(
+        "*",
+        F.when(F.col("kind").isin("queue", "store"), F.col("vhost")).alias("_k_vhost"),
+        F.when(F.col("kind") == "queue", F.col("queue")).alias("_k_queue"),
+        F.when(F.col("kind").isin("channel", "malformed"), F.col("source")).alias("_k_source"),
+        F.when(F.col("kind") == "channel", F.col("connection")).alias("_k_connection"),
+        F.when(F.col("kind") == "channel", F.col("channel")).alias("_k_channel"),
+        F.when(F.col("kind") == "malformed", F.col("_reason")).alias("_k_reason"),
+        code.isin(*_OPEN_CODES).alias("_is_open"),
     )
-    return with_end.where(F.col("_is_open")).select(
-        *keys,
+    keys = ("kind", "_k_vhost", "_k_queue", "_k_source", "_k_connection", "_k_channel", "_k_reason")
+    # A 64-bit hash of the key leads the partition spec so the sort's
+    # binary prefix tells almost all keys apart (a leading low-cardinality
+    # string would force full-row comparisons); the key columns follow, so
+    # a hash collision cannot merge two keys.
+    keyed = keyed.withColumn("_k_hash", F.xxhash64(*keys))
+    window = Window.partitionBy("_k_hash", *keys).orderBy("ts", "seq")
+    malformed = F.col("kind") == "malformed"
+    marked = keyed.withColumn(
+        "_prev_open", F.coalesce(F.lag("_is_open").over(window), F.lit(False))
+    )
+    boundaries = marked.where(malformed | (F.col("_is_open") != F.col("_prev_open")))
+    ends = {
+        "end": F.col("ts"),
+        "closed_by": F.col("code"),
+        "end_messages": F.col("messages"),
+        "end_size": F.col("size"),
+        "resume_count": F.col("message_capacity"),
+        "resume_size": F.col("resume_capacity"),
+    }
+    # Malformed rows share the pass only to be counted: they have no end.
+    with_end = boundaries.select(
+        *(c for c in boundaries.columns),
+        *(F.when(~malformed, F.lead(expr).over(window)).alias(name) for name, expr in ends.items()),
+    )
+    return with_end.where(malformed | F.col("_is_open")).select(
+        "kind",
+        "vhost",
+        "queue",
+        "source",
+        "connection",
+        "channel",
+        "user",
+        F.concat_ws(":", F.col("remote_host"), F.col("remote_port").cast("string")).alias("remote"),
+        "store",
         F.col("ts").alias("start"),
-        F.col("_end_ts").alias("end"),
-        _seconds_between(F.col("ts"), F.col("_end_ts")).alias("duration_s"),
-        F.col("_end_ts").isNull().alias("open"),
-        *(expr.alias(name) for name, expr in start_cols.items()),
-        *(F.col(name) for name in end_cols),
+        "end",
+        _seconds_between(F.col("ts"), F.col("end")).alias("duration_s"),
+        F.col("end").isNull().alias("open"),
+        F.col("messages").alias("start_messages"),
+        F.col("size").alias("start_size"),
+        F.col("message_capacity").alias("stop_count"),
+        F.col("capacity").alias("stop_size"),
+        "overfull_size",
+        "underfull_size",
+        "closed_by",
+        "end_messages",
+        "end_size",
+        "resume_count",
+        "resume_size",
+        F.col("_reason").alias("reason"),
     )
+
+
+def episodes_from(intervals: DataFrame) -> DataFrame:
+    """The ``episodes`` table from :func:`flow_intervals`."""
+    return intervals.where(F.col("kind") == "queue").select(*EPISODES_SCHEMA.fieldNames())
+
+
+def channel_blocks_from(intervals: DataFrame) -> DataFrame:
+    """The ``channel_blocks`` table from :func:`flow_intervals`."""
+    return intervals.where(F.col("kind") == "channel").select(*CHANNEL_BLOCKS_SCHEMA.fieldNames())
+
+
+def store_episodes_from(intervals: DataFrame) -> DataFrame:
+    """The ``store_episodes`` table from :func:`flow_intervals`."""
+    return intervals.where(F.col("kind") == "store").select(*STORE_EPISODES_SCHEMA.fieldNames())
 
 
 def queue_episodes(events: DataFrame) -> DataFrame:
@@ -233,25 +328,7 @@ def queue_episodes(events: DataFrame) -> DataFrame:
 
     Columns of :data:`rabbitflow_pipeline.schemas.EPISODES_SCHEMA`.
     """
-    paired = _pair(
-        events,
-        keys=("vhost", "queue"),
-        open_codes=(_QUEUE_OPEN,),
-        close_codes=(_QUEUE_CLOSE,),
-        start_cols={
-            "start_messages": F.col("messages"),
-            "start_size": F.col("size"),
-            "stop_count": F.col("message_capacity"),
-            "stop_size": F.col("capacity"),
-        },
-        end_cols={
-            "end_messages": F.col("messages"),
-            "end_size": F.col("size"),
-            "resume_count": F.col("message_capacity"),
-            "resume_size": F.col("resume_capacity"),
-        },
-    )
-    return paired
+    return episodes_from(flow_intervals(events))
 
 
 def channel_blocks(events: DataFrame) -> DataFrame:
@@ -261,33 +338,7 @@ def channel_blocks(events: DataFrame) -> DataFrame:
     store or administrator block); ``closed_by`` is the closing code.
     Columns of :data:`rabbitflow_pipeline.schemas.CHANNEL_BLOCKS_SCHEMA`.
     """
-    paired = _pair(
-        events,
-        keys=("source", "connection", "channel"),
-        open_codes=(_CHANNEL_OPEN,),
-        close_codes=_CHANNEL_CLOSE,
-        start_cols={
-            "queue": F.col("queue"),
-            "vhost": F.col("vhost"),
-            "user": F.col("user"),
-            "remote": F.concat_ws(":", F.col("remote_host"), F.col("remote_port").cast("string")),
-        },
-        end_cols={"closed_by": F.col("code")},
-    )
-    return paired.select(
-        "connection",
-        "channel",
-        "queue",
-        "start",
-        "end",
-        "duration_s",
-        "open",
-        "closed_by",
-        "vhost",
-        "user",
-        "remote",
-        "source",
-    )
+    return channel_blocks_from(flow_intervals(events))
 
 
 def store_episodes(events: DataFrame) -> DataFrame:
@@ -295,19 +346,15 @@ def store_episodes(events: DataFrame) -> DataFrame:
 
     Columns of :data:`rabbitflow_pipeline.schemas.STORE_EPISODES_SCHEMA`.
     """
-    return _pair(
-        events,
-        keys=("vhost",),
-        open_codes=(_STORE_OPEN,),
-        close_codes=(_STORE_CLOSE,),
-        start_cols={
-            "store": F.col("store"),
-            "start_size": F.col("size"),
-            "overfull_size": F.col("overfull_size"),
-            "underfull_size": F.col("underfull_size"),
-        },
-        end_cols={"end_size": F.col("size")},
+    return store_episodes_from(flow_intervals(events))
+
+
+def malformed_from(intervals: DataFrame, parsed_client: DataFrame | None = None) -> DataFrame:
+    """The ``malformed`` table from :func:`flow_intervals` (and parsed client lines)."""
+    gateway = intervals.where(F.col("kind") == "malformed").select(
+        F.lit("gateway").alias("log"), "source", "reason"
     )
+    return _count_malformed(gateway, parsed_client)
 
 
 def observed_window(events: DataFrame) -> DataFrame:
@@ -421,9 +468,8 @@ def duration_histogram(
         ],
         "bucket int, lower_s double, upper_s double",
     )
-    return (
-        buckets.join(F.broadcast(counts), "bucket", "left")
-        .select("bucket", "lower_s", "upper_s", F.coalesce(F.col("count"), F.lit(0)).alias("count"))
+    return buckets.join(F.broadcast(counts), "bucket", "left").select(
+        "bucket", "lower_s", "upper_s", F.coalesce(F.col("count"), F.lit(0)).alias("count")
     )
 
 
@@ -477,10 +523,18 @@ def episode_timeline(
     )
     overlap = F.greatest(F.least(F.col("_e"), hi) - F.greatest(F.col("_s"), lo), F.lit(0))
     return (
-        exploded.select("vhost", "queue", F.col("bucket").cast("int").alias("bucket"), overlap.alias("_o"), "_bw")
+        exploded.select(
+            "vhost",
+            "queue",
+            F.col("bucket").cast("int").alias("bucket"),
+            overlap.alias("_o"),
+            "_bw",
+        )
         .groupBy("vhost", "queue", "bucket")
         .agg((F.sum("_o") / 1_000_000.0).alias("overfull_s"), F.first("_bw").alias("_bw"))
-        .select("vhost", "queue", "bucket", "overfull_s", (F.col("_bw") / 1_000_000.0).alias("bucket_s"))
+        .select(
+            "vhost", "queue", "bucket", "overfull_s", (F.col("_bw") / 1_000_000.0).alias("bucket_s")
+        )
     )
 
 
@@ -573,53 +627,83 @@ def advice(
                 F.lit(" bytes); producer capacities bound messages, not bytes"),
                 F.when(
                     F.col("max_size").isNotNull(),
-                    F.concat(F.lit("; queue maximum "), _fmt_int(F.col("max_size")), F.lit(" bytes")),
+                    F.concat(
+                        F.lit("; queue maximum "), _fmt_int(F.col("max_size")), F.lit(" bytes")
+                    ),
                 ).otherwise(F.lit("")),
             ),
         )
         .when(
             cap.isNotNull() & mx.isNotNull() & (worst <= mx),
             F.concat(
-                F.lit("OK: stop "), _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "),
-                _fmt_int(worst), F.lit(" <= queue maximum "), _fmt_int(mx),
+                F.lit("OK: stop "),
+                _fmt_int(stop),
+                F.lit(" + "),
+                cap_text,
+                F.lit(" = "),
+                _fmt_int(worst),
+                F.lit(" <= queue maximum "),
+                _fmt_int(mx),
             ),
         )
         .when(
             cap.isNotNull() & mx.isNotNull() & (mx - cap > 0),
             F.concat(
-                F.lit("LOWER STOP: stop "), _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "),
-                _fmt_int(worst), F.lit(" exceeds queue maximum "), _fmt_int(mx),
-                F.lit(" by "), _fmt_int(worst - mx), F.lit("; set qpid.flow_stop_count <= "),
+                F.lit("LOWER STOP: stop "),
+                _fmt_int(stop),
+                F.lit(" + "),
+                cap_text,
+                F.lit(" = "),
+                _fmt_int(worst),
+                F.lit(" exceeds queue maximum "),
+                _fmt_int(mx),
+                F.lit(" by "),
+                _fmt_int(worst - mx),
+                F.lit("; set qpid.flow_stop_count <= "),
                 _fmt_int(mx - cap),
             ),
         )
         .when(
             cap.isNotNull() & mx.isNotNull(),
             F.concat(
-                F.lit("REDUCE CAPACITIES: "), cap_text, F.lit(" alone reach queue maximum "),
-                _fmt_int(mx), F.lit("; lower producer capacities or raise the maximum"),
+                F.lit("REDUCE CAPACITIES: "),
+                cap_text,
+                F.lit(" alone reach queue maximum "),
+                _fmt_int(mx),
+                F.lit("; lower producer capacities or raise the maximum"),
             ),
         )
         .when(
             cap.isNotNull(),
             F.concat(
                 F.lit("queue maximum unknown (pass --queue-limits): depth can reach stop "),
-                _fmt_int(stop), F.lit(" + "), cap_text, F.lit(" = "), _fmt_int(worst),
+                _fmt_int(stop),
+                F.lit(" + "),
+                cap_text,
+                F.lit(" = "),
+                _fmt_int(worst),
                 F.lit("; the maximum must be at least that"),
             ),
         )
         .when(
             mx.isNotNull(),
             F.concat(
-                unknown_cap_text, F.lit(": stop "), _fmt_int(stop), F.lit(" leaves "),
-                _fmt_int(mx - stop), F.lit(" messages under queue maximum "), _fmt_int(mx),
+                unknown_cap_text,
+                F.lit(": stop "),
+                _fmt_int(stop),
+                F.lit(" leaves "),
+                _fmt_int(mx - stop),
+                F.lit(" messages under queue maximum "),
+                _fmt_int(mx),
                 F.lit("; the producers' capacities must sum to at most that"),
             ),
         )
         .otherwise(
             F.concat(
-                unknown_cap_text, F.lit(" and queue maximum unknown: depth can reach stop "),
-                _fmt_int(stop), F.lit(" + the sum of producer capacities"),
+                unknown_cap_text,
+                F.lit(" and queue maximum unknown: depth can reach stop "),
+                _fmt_int(stop),
+                F.lit(" + the sum of producer capacities"),
             )
         )
     )
@@ -635,9 +719,14 @@ def advice(
     suggested_resume = F.when(too_long & (capped > resume), capped)
     target_text = F.format_string("%.0fs", F.lit(float(target_block_s)))
     evidence = F.concat(
-        F.lit("producers blocked p50 "), F.format_string("%.1fs", p50),
-        F.lit(" while the queue drained from stop "), _fmt_int(stop), F.lit(" to resume "),
-        _fmt_int(resume), F.lit(" at "), F.format_string("%.1f msg/s", rate),
+        F.lit("producers blocked p50 "),
+        F.format_string("%.1fs", p50),
+        F.lit(" while the queue drained from stop "),
+        _fmt_int(stop),
+        F.lit(" to resume "),
+        _fmt_int(resume),
+        F.lit(" at "),
+        F.format_string("%.1f msg/s", rate),
     )
     resume_advice = (
         F.when(~count_mode, F.lit("no message-count resume threshold: no count-based advice"))
@@ -648,8 +737,12 @@ def advice(
         .when(
             suggested_resume.isNotNull(),
             F.concat(
-                F.lit("RAISE RESUME: "), evidence, F.lit("; resume at "),
-                _fmt_int(suggested_resume), F.lit(" to keep blocks near "), target_text,
+                F.lit("RAISE RESUME: "),
+                evidence,
+                F.lit("; resume at "),
+                _fmt_int(suggested_resume),
+                F.lit(" to keep blocks near "),
+                target_text,
                 F.lit(" (at the cost of more frequent stops)"),
             ),
         )

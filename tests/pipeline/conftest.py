@@ -34,6 +34,7 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.constraintPropagation.enabled", "false")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -29,26 +29,60 @@ def at(seconds: float) -> dt.datetime:
     return T0 + dt.timedelta(seconds=seconds)
 
 
-def over(t: float, queue: str, *, messages: int = 901, size: int = 9010, vhost: str = "/",
-         stop: int = 900, stop_size: int = 0) -> QueueOverfull:
-    return QueueOverfull(ts=at(t), vhost=vhost, queue=queue, size=size, capacity=stop_size,
-                         messages=messages, message_capacity=stop)
+def over(
+    t: float,
+    queue: str,
+    *,
+    messages: int = 901,
+    size: int = 9010,
+    vhost: str = "/",
+    stop: int = 900,
+    stop_size: int = 0,
+) -> QueueOverfull:
+    return QueueOverfull(
+        ts=at(t),
+        vhost=vhost,
+        queue=queue,
+        size=size,
+        capacity=stop_size,
+        messages=messages,
+        message_capacity=stop,
+    )
 
 
-def under(t: float, queue: str, *, messages: int = 499, size: int = 4990, vhost: str = "/",
-          resume: int = 500, resume_size: int = 0) -> QueueUnderfull:
-    return QueueUnderfull(ts=at(t), vhost=vhost, queue=queue, size=size,
-                          resume_capacity=resume_size, messages=messages,
-                          message_capacity=resume)
+def under(
+    t: float,
+    queue: str,
+    *,
+    messages: int = 499,
+    size: int = 4990,
+    vhost: str = "/",
+    resume: int = 500,
+    resume_size: int = 0,
+) -> QueueUnderfull:
+    return QueueUnderfull(
+        ts=at(t),
+        vhost=vhost,
+        queue=queue,
+        size=size,
+        resume_capacity=resume_size,
+        messages=messages,
+        message_capacity=resume,
+    )
 
 
-CHANNEL: dict[str, Any] = {"vhost": "/", "user": "guest", "remote_host": "10.0.0.5",
-                           "remote_port": 50514}
+CHANNEL: dict[str, Any] = {
+    "vhost": "/",
+    "user": "guest",
+    "remote_host": "10.0.0.5",
+    "remote_port": 50514,
+}
 
 
 def enforced(t: float, connection: int, channel: int, queue: str) -> ChannelFlowEnforced:
-    return ChannelFlowEnforced(ts=at(t), connection=connection, channel=channel, queue=queue,
-                               **CHANNEL)
+    return ChannelFlowEnforced(
+        ts=at(t), connection=connection, channel=channel, queue=queue, **CHANNEL
+    )
 
 
 def removed(t: float, connection: int, channel: int) -> ChannelFlowRemoved:
@@ -60,13 +94,11 @@ def ignored(t: float, connection: int, channel: int) -> ChannelFlowIgnored:
 
 
 def store_over(t: float, vhost: str = "/") -> StoreOverfull:
-    return StoreOverfull(ts=at(t), vhost=vhost, size=2000, overfull_size=1500,
-                         underfull_size=1000)
+    return StoreOverfull(ts=at(t), vhost=vhost, size=2000, overfull_size=1500, underfull_size=1000)
 
 
 def store_under(t: float, vhost: str = "/") -> StoreUnderfull:
-    return StoreUnderfull(ts=at(t), vhost=vhost, size=900, overfull_size=1500,
-                          underfull_size=1000)
+    return StoreUnderfull(ts=at(t), vhost=vhost, size=900, overfull_size=1500, underfull_size=1000)
 
 
 def line(event: Event) -> str:
@@ -75,20 +107,32 @@ def line(event: Event) -> str:
 
 def lines_df(spark: SparkSession, rows: list[tuple[str, str]]) -> DataFrame:
     """(source, line) rows in one partition, so input order is the log's order."""
-    return spark.createDataFrame([(text, source) for source, text in rows], LINES_SCHEMA).coalesce(1)
+    return spark.createDataFrame([(text, source) for source, text in rows], LINES_SCHEMA).coalesce(
+        1
+    )
 
 
 def gateway_log(spark: SparkSession, *events: Event, source: str = GW_A) -> DataFrame:
     return lines_df(spark, [(source, line(e)) for e in events])
 
 
-def client_line(t: float, flow_event: str, *, producer: str = "p-1",
-                destination: str = "queue://orders", waited_ms: int | None = None,
-                capacity: int | None = 100) -> str:
+def client_line(
+    t: float,
+    flow_event: str,
+    *,
+    producer: str = "p-1",
+    destination: str = "queue://orders",
+    waited_ms: int | None = None,
+    capacity: int | None = 100,
+) -> str:
     record: dict[str, Any] = {
         "timestamp": at(t).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "level": "warning", "logger": "rabbitflow.client", "event": flow_event,
-        "flow_event": flow_event, "producer": producer, "destination": destination,
+        "level": "warning",
+        "logger": "rabbitflow.client",
+        "event": flow_event,
+        "flow_event": flow_event,
+        "producer": producer,
+        "destination": destination,
     }
     if waited_ms is not None:
         record["waited_ms"] = waited_ms

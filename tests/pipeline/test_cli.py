@@ -22,13 +22,24 @@ def logs(tmp_path: Path) -> tuple[list[str], list[str]]:
     gw_b = tmp_path / "gw-b.jsonl"
     client = tmp_path / "app.jsonl"
     gw_a.write_text(
-        "\n".join([line(over(0, "orders")), line(enforced(1, 7, 1, "orders")), "{broken",
-                   line(under(20, "orders")), line(removed(20, 7, 1)), ""]) + "\n"
+        "\n".join(
+            [
+                line(over(0, "orders")),
+                line(enforced(1, 7, 1, "orders")),
+                "{broken",
+                line(under(20, "orders")),
+                line(removed(20, 7, 1)),
+                "",
+            ]
+        )
+        + "\n"
     )
     gw_b.write_text("\n".join([line(over(30, "orders")), line(store_over(35))]) + "\n")
     client.write_text(
-        "\n".join([client_line(5, "send_delayed", waited_ms=5000, capacity=100),
-                   '{"event": "unrelated"}']) + "\n"
+        "\n".join(
+            [client_line(5, "send_delayed", waited_ms=5000, capacity=100), '{"event": "unrelated"}']
+        )
+        + "\n"
     )
     return [str(tmp_path / "gw-*.jsonl")], [str(client)]
 
@@ -38,14 +49,17 @@ def test_analyze_writes_every_table_and_the_report(
 ) -> None:
     events, client = logs
     out = tmp_path / "out"
-    result = analyze(spark, events, out, client_paths=client,
-                     queue_limits=[("/", "orders", 1000, None)])
+    result = analyze(
+        spark, events, out, client_paths=client, queue_limits=[("/", "orders", 1000, None)]
+    )
     assert (result.events, result.malformed, result.episodes) == (6, 1, 2)
     assert sorted(p.name for p in out.iterdir()) == sorted([*TABLES, "report.html"])
     assertDataFrameEqual(
         spark.read.parquet(str(out / "episodes")).select("queue", "start", "end", "open"),
-        [("orders", at(0).replace(tzinfo=None), at(20).replace(tzinfo=None), False),
-         ("orders", at(30).replace(tzinfo=None), None, True)],
+        [
+            ("orders", at(0).replace(tzinfo=None), at(20).replace(tzinfo=None), False),
+            ("orders", at(30).replace(tzinfo=None), None, True),
+        ],
     )
     advice = spark.read.parquet(str(out / "advice")).collect()
     assert advice[0]["stop_advice"].startswith("OK: stop 900 + producer capacities 100")
@@ -63,7 +77,9 @@ def test_parse_queue_limits_reads_own_and_management_formats() -> None:
         {"name": "d"},
     ]
     assert parse_queue_limits({"queues": document}) == [
-        ("/", "a", 1000, None), ("v", "b", None, 5000), ("/", "c", 70, None),
+        ("/", "a", 1000, None),
+        ("v", "b", None, 5000),
+        ("/", "c", 70, None),
         ("/", "d", None, None),
     ]
 

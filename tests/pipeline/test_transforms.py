@@ -43,13 +43,38 @@ def events_of(spark: SparkSession, *events, source: str = GW_A) -> DataFrame:  #
     return tf.valid_events(tf.parse_event_lines(gateway_log(spark, *events, source=source)))
 
 
-def episode(vhost, queue, start, end, *, start_messages=901, start_size=9010, stop_count=900,  # type: ignore[no-untyped-def]
-            stop_size=0, end_messages=499, end_size=4990, resume_count=500, resume_size=0):
+def episode(
+    vhost,
+    queue,
+    start,
+    end,
+    *,
+    start_messages=901,
+    start_size=9010,
+    stop_count=900,  # type: ignore[no-untyped-def]
+    stop_size=0,
+    end_messages=499,
+    end_size=4990,
+    resume_count=500,
+    resume_size=0,
+):
     closed = end is not None
-    return (vhost, queue, at(start), at(end) if closed else None,
-            float(end - start) if closed else None, not closed, start_messages, start_size,
-            stop_count, stop_size, end_messages if closed else None, end_size if closed else None,
-            resume_count if closed else None, resume_size if closed else None)
+    return (
+        vhost,
+        queue,
+        at(start),
+        at(end) if closed else None,
+        float(end - start) if closed else None,
+        not closed,
+        start_messages,
+        start_size,
+        stop_count,
+        stop_size,
+        end_messages if closed else None,
+        end_size if closed else None,
+        resume_count if closed else None,
+        resume_size if closed else None,
+    )
 
 
 # --- schemas -------------------------------------------------------------------------------
@@ -86,24 +111,80 @@ def test_parse_event_lines_names_the_reason_of_each_malformed_line(spark: SparkS
     parsed = tf.parse_event_lines(lines_df(spark, rows))
     assertDataFrameEqual(
         parsed.select("malformed_reason"),
-        [(r,) for r in ["bad_json", "missing_ts", "missing_code", "unknown_code", "bad_field",
-                        "missing_field", None]],
+        [
+            (r,)
+            for r in [
+                "bad_json",
+                "missing_ts",
+                "missing_code",
+                "unknown_code",
+                "bad_ts",
+                "missing_field",
+                None,
+            ]
+        ],
+    )
+
+
+def test_parse_event_lines_flags_a_field_of_the_wrong_type(spark: SparkSession) -> None:
+    bad = {**json.loads(line(over(1, "orders"))), "messages": "many"}
+    parsed = tf.parse_event_lines(lines_df(spark, [(GW_A, json.dumps(bad))]))
+    assertDataFrameEqual(parsed.select("malformed_reason"), [("bad_field",)])
+
+
+def test_flow_intervals_pass_malformed_lines_through_with_their_reason(
+    spark: SparkSession,
+) -> None:
+    parsed = tf.parse_event_lines(
+        lines_df(
+            spark,
+            [(GW_A, line(over(1, "q"))), (GW_A, "{"), (GW_B, "{"), (GW_B, line(under(2, "q")))],
+        )
+    )
+    intervals = tf.flow_intervals(parsed)
+    assertDataFrameEqual(
+        intervals.select("kind", "source", "reason", "open"),
+        [
+            ("queue", GW_A, None, False),
+            ("malformed", GW_A, "bad_json", True),
+            ("malformed", GW_B, "bad_json", True),
+        ],
+    )
+    assertDataFrameEqual(
+        tf.malformed_from(intervals),
+        [("gateway", GW_A, "bad_json", 1), ("gateway", GW_B, "bad_json", 1)],
     )
 
 
 def test_malformed_summary_counts_per_log_source_and_reason(spark: SparkSession) -> None:
     events = tf.parse_event_lines(
-        lines_df(spark, [(GW_A, "{"), (GW_A, "[1]"), (GW_B, '{"code": "QUE-1003"}'),
-                         (GW_B, line(over(1, "q")))])
+        lines_df(
+            spark,
+            [
+                (GW_A, "{"),
+                (GW_A, "[1]"),
+                (GW_B, '{"code": "QUE-1003"}'),
+                (GW_B, line(over(1, "q"))),
+            ],
+        )
     )
     client = tf.parse_client_lines(
-        lines_df(spark, [("c.log", "oops"), ("c.log", '{"event": "hello"}'),
-                         ("c.log", client_line(1, "send_delayed", waited_ms=5000))])
+        lines_df(
+            spark,
+            [
+                ("c.log", "oops"),
+                ("c.log", '{"event": "hello"}'),
+                ("c.log", client_line(1, "send_delayed", waited_ms=5000)),
+            ],
+        )
     )
     assertDataFrameEqual(
         tf.malformed_summary(events, client),
-        [("gateway", GW_A, "bad_json", 2), ("gateway", GW_B, "missing_ts", 1),
-         ("client", "c.log", "bad_json", 1)],
+        [
+            ("gateway", GW_A, "bad_json", 2),
+            ("gateway", GW_B, "missing_ts", 1),
+            ("client", "c.log", "bad_json", 1),
+        ],
     )
 
 
@@ -136,11 +217,24 @@ def test_parse_client_lines_reads_microsecond_structlog_timestamps(spark: SparkS
 def test_queue_episode_runs_from_overfull_to_underfull_with_both_events_numbers(
     spark: SparkSession,
 ) -> None:
-    events = events_of(spark, over(10, "orders", messages=950, size=95_000),
-                       under(25.5, "orders", messages=480, size=48_000))
+    events = events_of(
+        spark,
+        over(10, "orders", messages=950, size=95_000),
+        under(25.5, "orders", messages=480, size=48_000),
+    )
     expected = spark.createDataFrame(
-        [episode("/", "orders", 10, 25.5, start_messages=950, start_size=95_000,
-                 end_messages=480, end_size=48_000)],
+        [
+            episode(
+                "/",
+                "orders",
+                10,
+                25.5,
+                start_messages=950,
+                start_size=95_000,
+                end_messages=480,
+                end_size=48_000,
+            )
+        ],
         EPISODES_SCHEMA,
     )
     assertDataFrameEqual(tf.queue_episodes(events), expected)
@@ -155,8 +249,13 @@ def test_queue_episode_without_underfull_is_open_with_null_end(spark: SparkSessi
 
 
 def test_repeated_overfull_before_underfull_opens_one_episode(spark: SparkSession) -> None:
-    events = events_of(spark, over(10, "orders"), over(12, "orders", messages=905),
-                       under(20, "orders"), under(21, "orders"))
+    events = events_of(
+        spark,
+        over(10, "orders"),
+        over(12, "orders", messages=905),
+        under(20, "orders"),
+        under(21, "orders"),
+    )
     expected = spark.createDataFrame([episode("/", "orders", 10, 20)], EPISODES_SCHEMA)
     assertDataFrameEqual(tf.queue_episodes(events), expected)
 
@@ -168,8 +267,15 @@ def test_underfull_with_no_open_episode_is_ignored(spark: SparkSession) -> None:
 
 
 def test_overlapping_episodes_on_different_queues_stay_apart(spark: SparkSession) -> None:
-    events = events_of(spark, over(10, "a"), over(12, "b"), over(13, "a", vhost="other"),
-                       under(15, "a"), under(30, "b"), under(40, "a", vhost="other"))
+    events = events_of(
+        spark,
+        over(10, "a"),
+        over(12, "b"),
+        over(13, "a", vhost="other"),
+        under(15, "a"),
+        under(30, "b"),
+        under(40, "a", vhost="other"),
+    )
     expected = spark.createDataFrame(
         [episode("/", "a", 10, 15), episode("/", "b", 12, 30), episode("other", "a", 13, 40)],
         EPISODES_SCHEMA,
@@ -181,8 +287,12 @@ def test_events_out_of_order_across_files_are_paired_by_timestamp(spark: SparkSe
     # gw-b's file is read first but holds the later events of the same queue.
     lines = lines_df(
         spark,
-        [(GW_B, line(over(100, "orders"))), (GW_B, line(under(110, "orders"))),
-         (GW_A, line(under(50, "orders"))), (GW_A, line(over(40, "orders")))],
+        [
+            (GW_B, line(over(100, "orders"))),
+            (GW_B, line(under(110, "orders"))),
+            (GW_A, line(under(50, "orders"))),
+            (GW_A, line(over(40, "orders"))),
+        ],
     )
     events = tf.valid_events(tf.parse_event_lines(lines))
     expected = spark.createDataFrame(
@@ -192,9 +302,15 @@ def test_events_out_of_order_across_files_are_paired_by_timestamp(spark: SparkSe
 
 
 def test_malformed_lines_between_events_do_not_break_an_episode(spark: SparkSession) -> None:
-    lines = lines_df(spark, [(GW_A, line(over(10, "orders"))), (GW_A, "{garbage"),
-                             (GW_A, '{"ts": "2026-11-22T05:00:12Z", "code": "QUE-1004"}'),
-                             (GW_A, line(under(20, "orders")))])
+    lines = lines_df(
+        spark,
+        [
+            (GW_A, line(over(10, "orders"))),
+            (GW_A, "{garbage"),
+            (GW_A, '{"ts": "2026-11-22T05:00:12Z", "code": "QUE-1004"}'),
+            (GW_A, line(under(20, "orders"))),
+        ],
+    )
     events = tf.valid_events(tf.parse_event_lines(lines))
     expected = spark.createDataFrame([episode("/", "orders", 10, 20)], EPISODES_SCHEMA)
     assertDataFrameEqual(tf.queue_episodes(events), expected)
@@ -205,17 +321,37 @@ def test_malformed_lines_between_events_do_not_break_an_episode(spark: SparkSess
 
 def block(connection, channel, queue, start, end, closed_by, source=GW_A):  # type: ignore[no-untyped-def]
     closed = end is not None
-    return (connection, channel, queue, at(start), at(end) if closed else None,
-            float(end - start) if closed else None, not closed, closed_by, "/", "guest",
-            "10.0.0.5:50514", source)
+    return (
+        connection,
+        channel,
+        queue,
+        at(start),
+        at(end) if closed else None,
+        float(end - start) if closed else None,
+        not closed,
+        closed_by,
+        "/",
+        "guest",
+        "10.0.0.5:50514",
+        source,
+    )
 
 
 def test_channel_block_runs_from_enforced_to_removed_or_ignored(spark: SparkSession) -> None:
-    events = events_of(spark, enforced(1, 7, 1, "orders"), enforced(2, 7, 2, "orders"),
-                       removed(4, 7, 1), ignored(7, 7, 2), enforced(9, 8, 1, ALL_QUEUES))
+    events = events_of(
+        spark,
+        enforced(1, 7, 1, "orders"),
+        enforced(2, 7, 2, "orders"),
+        removed(4, 7, 1),
+        ignored(7, 7, 2),
+        enforced(9, 8, 1, ALL_QUEUES),
+    )
     expected = spark.createDataFrame(
-        [block(7, 1, "orders", 1, 4, "CHN-1006"), block(7, 2, "orders", 2, 7, "CHN-1012"),
-         block(8, 1, ALL_QUEUES, 9, None, None)],
+        [
+            block(7, 1, "orders", 1, 4, "CHN-1006"),
+            block(7, 2, "orders", 2, 7, "CHN-1012"),
+            block(8, 1, ALL_QUEUES, 9, None, None),
+        ],
         CHANNEL_BLOCKS_SCHEMA,
     )
     assertDataFrameEqual(tf.channel_blocks(events), expected)
@@ -226,8 +362,10 @@ def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSes
     b = gateway_log(spark, enforced(2, 7, 1, "orders"), removed(6, 7, 1), source=GW_B)
     events = tf.valid_events(tf.parse_event_lines(a.unionByName(b)))
     expected = spark.createDataFrame(
-        [block(7, 1, "orders", 1, 3, "CHN-1006", GW_A),
-         block(7, 1, "orders", 2, 6, "CHN-1006", GW_B)],
+        [
+            block(7, 1, "orders", 1, 3, "CHN-1006", GW_A),
+            block(7, 1, "orders", 2, 6, "CHN-1006", GW_B),
+        ],
         CHANNEL_BLOCKS_SCHEMA,
     )
     assertDataFrameEqual(tf.channel_blocks(events), expected)
@@ -239,8 +377,10 @@ def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSes
 def test_store_episode_runs_from_overfull_to_cleared_per_vhost(spark: SparkSession) -> None:
     events = events_of(spark, store_over(10), store_over(11, "v2"), store_under(40))
     expected = spark.createDataFrame(
-        [("/", at(10), at(40), 30.0, False, "RabbitMQ", 2000, 1500, 1000, 900),
-         ("v2", at(11), None, None, True, "RabbitMQ", 2000, 1500, 1000, None)],
+        [
+            ("/", at(10), at(40), 30.0, False, "RabbitMQ", 2000, 1500, 1000, 900),
+            ("v2", at(11), None, None, True, "RabbitMQ", 2000, 1500, 1000, None),
+        ],
         STORE_EPISODES_SCHEMA,
     )
     assertDataFrameEqual(tf.store_episodes(events), expected)
@@ -251,25 +391,40 @@ def test_store_episode_runs_from_overfull_to_cleared_per_vhost(spark: SparkSessi
 
 def test_observed_window_spans_all_events(spark: SparkSession) -> None:
     events = events_of(spark, over(10, "a"), removed(110, 1, 1), store_over(60))
-    assertDataFrameEqual(tf.observed_window(events), [(at(10).replace(tzinfo=None),
-                                                       at(110).replace(tzinfo=None), 100.0)])
+    assertDataFrameEqual(
+        tf.observed_window(events),
+        [(at(10).replace(tzinfo=None), at(110).replace(tzinfo=None), 100.0)],
+    )
 
 
 def test_queue_summary_counts_stops_time_overfull_and_channels(spark: SparkSession) -> None:
     events = events_of(
         spark,
-        over(0, "a"), enforced(1, 7, 1, "a"), enforced(1, 7, 2, "a"), under(10, "a"),
-        removed(10, 7, 1), removed(10, 7, 2), over(20, "a"), enforced(21, 7, 1, "a"),
-        under(50, "a"), removed(50, 7, 1), over(90, "a"), enforced(95, 9, 1, "b"),
-        enforced(96, 10, 1, ALL_QUEUES), removed(100, 9, 1),
+        over(0, "a"),
+        enforced(1, 7, 1, "a"),
+        enforced(1, 7, 2, "a"),
+        under(10, "a"),
+        removed(10, 7, 1),
+        removed(10, 7, 2),
+        over(20, "a"),
+        enforced(21, 7, 1, "a"),
+        under(50, "a"),
+        removed(50, 7, 1),
+        over(90, "a"),
+        enforced(95, 9, 1, "b"),
+        enforced(96, 10, 1, ALL_QUEUES),
+        removed(100, 9, 1),
     )
-    summary = tf.queue_summary(tf.queue_episodes(events), tf.channel_blocks(events),
-                               tf.observed_window(events))
+    summary = tf.queue_summary(
+        tf.queue_episodes(events), tf.channel_blocks(events), tf.observed_window(events)
+    )
     # a: episodes 10s, 30s and one open from 90 to the window end (100): 50s of 100s.
     assertDataFrameEqual(
         summary,
-        [("/", "a", 3, 50.0, 50.0, 1, 20.0, 29.0, 30.0, 2, 3),
-         ("/", "b", 0, 0.0, 0.0, 0, None, None, None, 1, 1)],
+        [
+            ("/", "a", 3, 50.0, 50.0, 1, 20.0, 29.0, 30.0, 2, 3),
+            ("/", "b", 0, 0.0, 0.0, 0, None, None, None, 1, 1),
+        ],
     )
 
 
@@ -287,10 +442,30 @@ def test_send_delays_per_producer_and_destination(spark: SparkSession) -> None:
     client = tf.client_flow_records(tf.parse_client_lines(lines_df(spark, rows)))
     assertDataFrameEqual(
         tf.send_delays(client),
-        [("p-1", "queue://orders", 60000, 2, 1, 1, 100, at(0).replace(tzinfo=None),
-          at(60).replace(tzinfo=None)),
-         ("p-2", "queue://orders", 5000, 1, 0, 0, 50, at(70).replace(tzinfo=None),
-          at(70).replace(tzinfo=None))],
+        [
+            (
+                "p-1",
+                "queue://orders",
+                60000,
+                2,
+                1,
+                1,
+                100,
+                at(0).replace(tzinfo=None),
+                at(60).replace(tzinfo=None),
+            ),
+            (
+                "p-2",
+                "queue://orders",
+                5000,
+                1,
+                0,
+                0,
+                50,
+                at(70).replace(tzinfo=None),
+                at(70).replace(tzinfo=None),
+            ),
+        ],
     )
 
 
@@ -312,8 +487,15 @@ def test_duration_histogram_refuses_unordered_edges(spark: SparkSession) -> None
 
 
 def test_episode_timeline_spreads_overfull_time_over_buckets(spark: SparkSession) -> None:
-    events = events_of(spark, over(0, "a"), under(15, "a"), over(35, "a"), over(5, "b"),
-                       under(10, "b"), removed(40, 1, 1))
+    events = events_of(
+        spark,
+        over(0, "a"),
+        under(15, "a"),
+        over(35, "a"),
+        over(5, "b"),
+        under(10, "b"),
+        removed(40, 1, 1),
+    )
     episodes = tf.queue_episodes(events)
     queues = spark.createDataFrame([("/", "a")], "vhost string, queue string")
     timeline = tf.episode_timeline(episodes, tf.observed_window(events), queues, buckets=4)
@@ -327,8 +509,11 @@ def test_episode_timeline_spreads_overfull_time_over_buckets(spark: SparkSession
 # --- advice --------------------------------------------------------------------------------
 
 
-def _advice(spark: SparkSession, client_rows: list[str] | None,
-            limits: list[tuple[str, str, int | None, int | None]] | None) -> dict[str, object]:
+def _advice(
+    spark: SparkSession,
+    client_rows: list[str] | None,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+) -> dict[str, object]:
     # One closed episode: 900 -> 500 resume, drained 901 -> 499 in 40s (10.05 msg/s).
     events = events_of(spark, over(0, "orders"), under(40, "orders"))
     client = None
@@ -343,9 +528,14 @@ def _advice(spark: SparkSession, client_rows: list[str] | None,
 
 
 def test_advice_accepts_stop_plus_capacities_under_the_maximum(spark: SparkSession) -> None:
-    row = _advice(spark, [client_line(1, "flow_enforced", producer="p-1", capacity=50),
-                          client_line(2, "flow_enforced", producer="p-2", capacity=50)],
-                  [("/", "orders", 1000, None)])
+    row = _advice(
+        spark,
+        [
+            client_line(1, "flow_enforced", producer="p-1", capacity=50),
+            client_line(2, "flow_enforced", producer="p-2", capacity=50),
+        ],
+        [("/", "orders", 1000, None)],
+    )
     assert (row["capacity_sum"], row["worst_case_depth"], row["stop_ok"]) == (100, 1000, True)
     assert row["stop_advice"] == (
         "OK: stop 900 + producer capacities 100 (2 producers in client logs) = 1,000 "
@@ -354,8 +544,9 @@ def test_advice_accepts_stop_plus_capacities_under_the_maximum(spark: SparkSessi
 
 
 def test_advice_lowers_a_stop_threshold_that_overflows_the_maximum(spark: SparkSession) -> None:
-    row = _advice(spark, [client_line(1, "flow_enforced", capacity=200)],
-                  [("/", "orders", 1000, None)])
+    row = _advice(
+        spark, [client_line(1, "flow_enforced", capacity=200)], [("/", "orders", 1000, None)]
+    )
     assert (row["stop_ok"], row["suggested_stop_count"]) == (False, 800)
     assert row["stop_advice"].startswith("LOWER STOP: stop 900 + producer capacities 200")
     assert row["stop_advice"].endswith("set qpid.flow_stop_count <= 800")
