@@ -161,9 +161,16 @@ class ConnectionFlow:
         return self._rebalance()
 
     def unregister(self, consumer: int) -> list[FlowAction]:
-        """Remove a consumer (closed); its share of the pool goes to the others."""
-        self._consumers.pop(consumer, None)
-        return self._rebalance()
+        """Remove a consumer (closing); its share of the pool goes to the others.
+
+        An AUTO/DUPS_OK consumer first acks what it processed, so closing its
+        channel requeues only messages the application never saw.
+        """
+        c = self._consumers.pop(consumer, None)
+        actions: list[FlowAction] = []
+        if c is not None and not c.app_acks and c.held and c.consuming:
+            actions.append(Ack(consumer, c.last_tag))
+        return actions + self._rebalance()
 
     def reset(self, consumer: int) -> list[FlowAction]:
         """The consumer's channel was re-opened (reconnection): the broker will
@@ -260,6 +267,15 @@ class ConnectionFlow:
         total = sum(self._pool_use(c) for c in self._consumers.values())
         for cid, c in self._consumers.items():
             limit, threshold = self._limits(c)
+            if not c.app_acks and c.held and c.buffered == 0 and c.consuming:
+                # Idle: everything delivered is processed.  Ack now rather than
+                # at the next batch, which may never come on a quiet queue:
+                # unacked messages count in the queue's depth (and so in flow
+                # control) and would be redelivered if the channel closed.
+                # The prefetch stays, so the acked slots become credit.
+                c.credit += c.held
+                c.grants.append(c.held)
+                actions += self._flush_ack(cid, c)
             outstanding = c.buffered + c.credit
             if outstanding > threshold:
                 continue

@@ -177,3 +177,13 @@ def test_message_processed_after_its_consumer_closed_is_ignored() -> None:
     consumer.close()
     session._processed(consumer, generation, delivery)  # e.g. a listener returning late
     assert consumer.flow_stats().delivered == 0
+
+
+def test_quiet_queue_messages_are_acked_once_all_are_received() -> None:
+    _, connection, _, consumer, channel = setup({"imqConsumerFlowLimit": 1000})
+    connection.start()
+    channel.emit_deliver(1, b"x")
+    channel.emit_deliver(2, b"y")
+    consumer.receive(0)
+    consumer.receive(0)
+    assert channel.calls[-1] == ("ack", 2, True)

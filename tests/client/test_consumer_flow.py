@@ -152,3 +152,29 @@ def test_bad_registration_is_refused() -> None:
     flow = ConnectionFlow()
     with pytest.raises(ValueError, match="threshold"):
         flow.register(1, limit=10, threshold_pct=101, app_acks=False)
+
+
+def test_idle_auto_consumer_acks_at_once_without_changing_prefetch() -> None:
+    flow = started()
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    deliver(flow, 1, 3)  # a quiet queue: 3 of 1000 credits used
+    flow.processed(1, 1)
+    flow.processed(1, 2)
+    assert flow.processed(1, 3) == [Ack(1, 3)]
+    assert flow.stats(1).credit == 1000
+
+
+def test_closing_an_auto_consumer_acks_what_it_processed() -> None:
+    flow = started()
+    flow.register(1, limit=10, threshold_pct=50, app_acks=False)
+    deliver(flow, 1, 10)
+    flow.processed(1, 1)
+    assert flow.unregister(1) == [Ack(1, 1)]
+
+
+def test_closing_a_client_ack_consumer_leaves_unacknowledged_messages() -> None:
+    flow = started()
+    flow.register(1, limit=10, threshold_pct=50, app_acks=True)
+    deliver(flow, 1, 10)
+    flow.processed(1, 1)
+    assert flow.unregister(1) == []
