@@ -515,6 +515,7 @@ class PikaTransport:
         self._name = name
         self.closing = False
         self.lost = False
+        self._opened = False
 
     @property
     def alive(self) -> bool:
@@ -536,6 +537,7 @@ class PikaTransport:
 
         def on_open(conn: Any) -> None:
             _coalesce_writes(conn)
+            self._opened = True
             opened.set_result(None)
 
         def on_open_error(_conn: Any, error: BaseException | str) -> None:
@@ -588,7 +590,8 @@ class PikaTransport:
         try:
             self._connection.ioloop.start()
         except Exception as exc:  # a pika bug must not hang the application
-            if not self.lost and not self.closing:
+            # Before the open completed, connect() reports the failure itself.
+            if self._opened and not self.lost and not self.closing:
                 self.lost = True
                 self._listener.on_lost(ConnectionLostError(f"I/O loop failed: {exc!r}"))
         finally:
