@@ -96,6 +96,9 @@ def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze
     if master is not None:
         builder = builder.master(master)
     if master is not None and master.startswith("local"):
+        # Local Python workers must run this interpreter (the one that has
+        # rabbitflow installed), not whatever python3 is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.sql.shuffle.partitions", "8").config(
             "spark.ui.showConsoleProgress", "false"
         )

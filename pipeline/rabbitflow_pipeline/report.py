@@ -45,7 +45,7 @@ def _e(value: object) -> str:
 
 def _fmt(value: object) -> str:
     if value is None:
-        return "–"
+        return "\u2013"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -176,7 +176,9 @@ def histogram_svg(rows: Sequence[Row], *, color: str = _PALETTE[2], width: int =
         x = left + i * bar_w
         lower = _duration(float(row["lower_s"]))
         name = (
-            f"≥{lower}" if row["upper_s"] is None else f"{lower}–{_duration(float(row['upper_s']))}"
+            f"≥{lower}"
+            if row["upper_s"] is None
+            else f"{lower}\u2013{_duration(float(row['upper_s']))}"
         )
         parts.append(
             f"<rect x='{x + 2:.1f}' y='{top + plot_h - h:.1f}' width='{bar_w - 4:.1f}' "
@@ -203,7 +205,8 @@ def _table(rows: Sequence[Row], columns: Sequence[str], *, empty: str) -> str:
 
 _CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#1c2833}
-h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d5d8dc}
+h1{font-size:24px;margin:0 0 4px}
+h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d5d8dc}
 .meta{color:#566573;font-size:13px}.cards{display:flex;gap:12px;flex-wrap:wrap;margin:14px 0}
 .card{background:#f4f6f7;border-radius:6px;padding:10px 14px;min-width:120px}
 .card b{display:block;font-size:22px}.card span{font-size:12px;color:#566573}

@@ -24,8 +24,9 @@ their file order.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -33,9 +34,9 @@ from pyspark.sql import types as T
 
 from rabbitflow_pipeline.schemas import (
     ALL_QUEUES,
+    CHANNEL_BLOCKS_SCHEMA,
     CLIENT_FLOW_EVENTS,
     CLIENT_RECORD_SCHEMA,
-    CHANNEL_BLOCKS_SCHEMA,
     CORRUPT_COLUMN,
     EPISODES_SCHEMA,
     EVENT_CODES,
@@ -448,7 +449,7 @@ def duration_histogram(
     Raises:
         ValueError: fewer than one edge, or edges not increasing.
     """
-    if not edges or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+    if not edges or any(b <= a for a, b in itertools.pairwise(edges)):
         raise ValueError(f"histogram edges must be increasing, got {list(edges)!r}")
     value = F.col(column)
     bucket: Column = F.lit(None).cast("int")

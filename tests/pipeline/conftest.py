@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 
@@ -25,6 +26,8 @@ def spark() -> Iterator[SparkSession]:
     # pin it to UTC so expected tables can be written in UTC.
     os.environ["TZ"] = "UTC"
     time.tzset()
+    # Python workers (sink tests) must run this interpreter, which has rabbitflow.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("rabbitflow-pipeline-tests")

@@ -56,5 +56,5 @@ def test_histogram_labels_the_open_last_bucket() -> None:
             {"bucket": 1, "lower_s": 5.0, "upper_s": None, "count": 2},
         ]
     )
-    assert "0s–5s" in svg
+    assert "0s\u20135s" in svg
     assert "≥5s" in svg

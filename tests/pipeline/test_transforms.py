@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from rabbitflow_broker.events import record_fields
 from rabbitflow_pipeline import transforms as tf
 from rabbitflow_pipeline.schemas import (
     ALL_QUEUES,
@@ -17,7 +18,6 @@ from rabbitflow_pipeline.schemas import (
     QUEUE_LIMITS_SCHEMA,
     STORE_EPISODES_SCHEMA,
 )
-from rabbitflow_broker.events import record_fields
 
 from .logs import (
     GW_A,
@@ -319,7 +319,7 @@ def test_malformed_lines_between_events_do_not_break_an_episode(spark: SparkSess
 # --- channel blocks ------------------------------------------------------------------------
 
 
-def block(connection, channel, queue, start, end, closed_by, source=GW_A):  # type: ignore[no-untyped-def]
+def block(connection, channel, queue, start, end, *, closed_by, source=GW_A):  # type: ignore[no-untyped-def]
     closed = end is not None
     return (
         connection,
@@ -348,9 +348,9 @@ def test_channel_block_runs_from_enforced_to_removed_or_ignored(spark: SparkSess
     )
     expected = spark.createDataFrame(
         [
-            block(7, 1, "orders", 1, 4, "CHN-1006"),
-            block(7, 2, "orders", 2, 7, "CHN-1012"),
-            block(8, 1, ALL_QUEUES, 9, None, None),
+            block(7, 1, "orders", 1, 4, closed_by="CHN-1006"),
+            block(7, 2, "orders", 2, 7, closed_by="CHN-1012"),
+            block(8, 1, ALL_QUEUES, 9, None, closed_by=None),
         ],
         CHANNEL_BLOCKS_SCHEMA,
     )
@@ -363,8 +363,8 @@ def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSes
     events = tf.valid_events(tf.parse_event_lines(a.unionByName(b)))
     expected = spark.createDataFrame(
         [
-            block(7, 1, "orders", 1, 3, "CHN-1006", GW_A),
-            block(7, 1, "orders", 2, 6, "CHN-1006", GW_B),
+            block(7, 1, "orders", 1, 3, closed_by="CHN-1006", source=GW_A),
+            block(7, 1, "orders", 2, 6, closed_by="CHN-1006", source=GW_B),
         ],
         CHANNEL_BLOCKS_SCHEMA,
     )
