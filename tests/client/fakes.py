@@ -148,6 +148,10 @@ class FakeChannel:
     def emit_flow(self, active: bool) -> None:
         self.handler.on_flow(active)
 
+    def emit_closed(self, error: rabbitflow.JMSException) -> None:
+        self.closed = True
+        self.handler.on_channel_closed(error)
+
     def emit_deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> None:
         self.handler.on_deliver(
             Delivery(tag, redelivered, "", "q", body, WireProperties(content_type="text/plain"))

@@ -258,3 +258,23 @@ def test_close_returns_once_everything_is_confirmed() -> None:
     producer.send(session.create_text_message("x"))
     channel.emit_ack(1)
     producer.close()
+
+
+def test_channel_closed_by_the_broker_fails_sends_and_tells_the_listener() -> None:
+    _, session, producer, channel = setup()
+    errors: list[rabbitflow.JMSException] = []
+    session.connection.set_exception_listener(errors.append)
+    closed = rabbitflow.ProtocolError("CHN-1012 flow control ignored")
+    channel.emit_closed(closed)
+    assert errors == [closed]
+    with pytest.raises(rabbitflow.ProtocolError, match="CHN-1012"):
+        producer.send(session.create_text_message("x"))
+
+
+def test_connection_context_manager_closes_the_transport() -> None:
+    harness = make_harness(FAST)
+    with harness.factory.create_connection() as connection:
+        connection.create_session()
+    assert harness.transport.closing
+    with pytest.raises(rabbitflow.IllegalStateError):
+        connection.start()
