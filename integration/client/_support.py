@@ -1,6 +1,6 @@
 """Observers for the client integration tests, independent of the SDK.
 
-Everything here talks to RabbitMQ with raw pika, the management API or raw
+Everything here talks to RabbitMQ with raw pika, rabbitmqctl or raw
 sockets, so a test can check what the SDK did against what the broker and
 the wire say, not against the SDK's own account of it.
 
@@ -17,15 +17,12 @@ the wire say, not against the SDK's own account of it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import socket
 import struct
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -234,16 +231,7 @@ class Sender(threading.Thread):
             self.error = exc
 
 
-# -- management API and memory alarms ---------------------------------------
-
-
-def management_get(management_url: str, path: str) -> Any:
-    """GET ``/api/<path>`` as guest and return the decoded JSON."""
-    request = urllib.request.Request(f"{management_url}/api/{path}")
-    token = base64.b64encode(b"guest:guest").decode()
-    request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+# -- memory alarms ---------------------------------------
 
 
 def memory_alarm_active(node: RabbitMQNode) -> bool:
