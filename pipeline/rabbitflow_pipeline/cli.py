@@ -24,7 +24,12 @@ from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
 from rabbitflow_pipeline.report import ReportData, render_report
-from rabbitflow_pipeline.schemas import LINES_SCHEMA, QUEUE_LIMITS_SCHEMA
+from rabbitflow_pipeline.schemas import (
+    CORRUPT_COLUMN,
+    EVENT_WIRE_SCHEMA,
+    LINES_SCHEMA,
+    QUEUE_LIMITS_SCHEMA,
+)
 
 __all__ = [
     "SPARK_CONF",
@@ -35,6 +40,7 @@ __all__ = [
     "build_session",
     "main",
     "parse_queue_limits",
+    "read_events",
     "read_lines",
 ]
 
@@ -114,6 +120,22 @@ def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
         return spark.createDataFrame([], LINES_SCHEMA)
     return spark.read.text(list(paths)).select(
         "value", F.col("_metadata.file_path").alias("source")
+    )
+
+
+def read_events(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
+    """Raw gateway event records (``EVENT_WIRE_SCHEMA`` + ``source``) of files or globs.
+
+    Spark's JSON source with the explicit schema: no inference pass, a line
+    that is not JSON lands in the corrupt-record column, blank lines are
+    skipped.
+    """
+    return (
+        spark.read.schema(EVENT_WIRE_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        .json(list(paths))
+        .select("*", F.col("_metadata.file_path").alias("source"))
     )
 
 
@@ -213,7 +235,7 @@ def analyze(
     # (observe), pair every kind of event in one shuffle, and cache only the
     # paired intervals.
     stats = Observation("events")
-    parsed = tf.parse_event_lines(read_lines(spark, event_paths)).observe(
+    parsed = tf.classify_events(read_events(spark, event_paths)).observe(
         stats,
         F.count(F.lit(1)).alias("lines"),
         F.count("malformed_reason").alias("malformed"),

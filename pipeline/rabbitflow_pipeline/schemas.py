@@ -35,10 +35,12 @@ __all__ = [
     "EPISODES_SCHEMA",
     "EVENT_CODES",
     "EVENT_RECORD_SCHEMA",
+    "EVENT_WIRE_SCHEMA",
     "LINES_SCHEMA",
     "QUEUE_LIMITS_SCHEMA",
     "STORE_EPISODES_SCHEMA",
     "event_record_schema",
+    "event_wire_schema",
     "required_fields",
     "spark_type",
 ]
@@ -107,6 +109,24 @@ def required_fields() -> dict[str, tuple[str, ...]]:
 
 #: One gateway event-log record (every field of every event class).
 EVENT_RECORD_SCHEMA: T.StructType = event_record_schema()
+
+def event_wire_schema() -> T.StructType:
+    """The schema to read event-log JSON with: ``ts`` as text, plus the corrupt-record column.
+
+    ``ts`` is read as a string and cast afterwards (faster, and an
+    unparseable time is then told apart from bad JSON).
+    """
+    return T.StructType(
+        [
+            T.StructField(f.name, T.StringType() if f.name == "ts" else f.dataType)
+            for f in EVENT_RECORD_SCHEMA.fields
+        ]
+        + [T.StructField(CORRUPT_COLUMN, T.StringType())]
+    )
+
+
+#: How the job reads event logs with Spark's JSON source (see :func:`event_wire_schema`).
+EVENT_WIRE_SCHEMA: T.StructType = event_wire_schema()
 
 #: Raw lines as read from text files: the line and the file it came from.
 LINES_SCHEMA = T.StructType(
