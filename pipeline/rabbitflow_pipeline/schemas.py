@@ -110,6 +110,7 @@ def required_fields() -> dict[str, tuple[str, ...]]:
 #: One gateway event-log record (every field of every event class).
 EVENT_RECORD_SCHEMA: T.StructType = event_record_schema()
 
+
 def event_wire_schema() -> T.StructType:
     """The schema to read event-log JSON with: ``ts`` as text, plus the corrupt-record column.
 
