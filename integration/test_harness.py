@@ -25,9 +25,7 @@ def test_throwaway_node_is_private_and_restartable(throwaway_broker: Broker) -> 
     connection = pika.BlockingConnection(pika.URLParameters(node.url))
     channel = connection.channel()
     channel.queue_declare("harness-durable", durable=True)
-    channel.basic_publish(
-        "", "harness-durable", b"kept", pika.BasicProperties(delivery_mode=2)
-    )
+    channel.basic_publish("", "harness-durable", b"kept", pika.BasicProperties(delivery_mode=2))
     connection.close()
     node.restart()
     connection = pika.BlockingConnection(pika.URLParameters(node.url))
