@@ -105,8 +105,12 @@ def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze
         # Local Python workers must run this interpreter (the one that has
         # rabbitflow installed), not whatever python3 is first on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.sql.shuffle.partitions", "8").config(
-            "spark.ui.showConsoleProgress", "false"
+        # Local mode runs the executor inside the driver JVM: its default 1 GiB
+        # heap makes the pairing sort spill at a few million events.
+        builder = (
+            builder.config("spark.sql.shuffle.partitions", "8")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.memory", os.environ.get("RABBITFLOW_DRIVER_MEMORY", "4g"))
         )
     spark = builder.getOrCreate()
     # Spark logs a stack trace at WARN for every input glob it resolves; keep the console useful.
