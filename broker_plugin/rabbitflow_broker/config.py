@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -64,10 +65,17 @@ class GatewayConfig:
     state_file: str | None = None
     reconcile_interval: int = 1000
     routing_refresh_interval: int = 30_000
+    store_path: str | None = None
+    store_poll_interval: int = 1000
+    admin_users: str | None = None
+    #: ``none``, ``users`` or ``rabbitmq``; None resolves to ``users`` when
+    #: ``admin_users`` is set, else ``none``.
+    admin_auth: Literal["none", "users", "rabbitmq"] | None = None
 
     def __post_init__(self) -> None:
         parse_host_port("listen", self.listen)
-        parse_host_port("admin-listen", self.admin_listen)
+        admin_host, _ = parse_host_port("admin-listen", self.admin_listen)
+        self._check_admin_auth(admin_host)
         for name in (
             "default_flow_stop_threshold",
             "default_flow_resume_threshold",
@@ -77,6 +85,7 @@ class GatewayConfig:
             "flow_enforcement_timeout",
             "reconcile_interval",
             "routing_refresh_interval",
+            "store_poll_interval",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -92,8 +101,9 @@ class GatewayConfig:
             )
         if self.store_underfull_size > self.store_overfull_size:
             raise ConfigError(
-                "--store-underfull-size: must not be above --store-overfull-size "
-                f"({self.store_underfull_size} > {self.store_overfull_size})"
+                f"--store-overfull-size {self.store_overfull_size:,} is below "
+                f"--store-underfull-size {self.store_underfull_size:,}: producers blocked "
+                "by the store quota could never resume (set overfull >= underfull; 0 = off)"
             )
         if urlsplit(self.upstream).scheme not in ("amqp", "amqps"):
             raise ConfigError(f"--upstream: expected an amqp:// URL, got {self.upstream!r}")
@@ -105,6 +115,28 @@ class GatewayConfig:
             )
         if self.log_format not in ("console", "json"):
             raise ConfigError(f"--log-format: expected console or json, got {self.log_format!r}")
+
+    def _check_admin_auth(self, admin_host: str) -> None:
+        users = _parse_users(self.admin_users)  # validates the format
+        mode = self.admin_auth
+        if mode is None:
+            mode = "users" if users else "none"
+            object.__setattr__(self, "admin_auth", mode)
+        if mode not in ("none", "users", "rabbitmq"):
+            raise ConfigError(f"--admin-auth: expected none, users or rabbitmq, got {mode!r}")
+        if mode == "users" and not users:
+            raise ConfigError("--admin-auth users: needs --admin-users USER:PASS[,USER:PASS...]")
+        if mode == "none" and not _is_loopback(admin_host):
+            raise ConfigError(
+                f"--admin-listen {self.admin_listen}: the admin API may listen on a "
+                "non-loopback address only with credentials: set --admin-users "
+                "USER:PASS[,...] or --admin-auth rabbitmq"
+            )
+
+    @property
+    def admin_credentials(self) -> dict[str, str]:
+        """``--admin-users`` as {user: password}."""
+        return _parse_users(self.admin_users)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -147,6 +179,31 @@ class GatewayConfig:
         return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
+def _parse_users(value: str | None) -> dict[str, str]:
+    users: dict[str, str] = {}
+    for raw in (value or "").split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        user, sep, password = item.partition(":")
+        if not sep or not user or not password:
+            raise ConfigError(
+                f"--admin-users: expected USER:PASS[,USER:PASS...], got an entry {user!r} "
+                "without a user or password"
+            )
+        users[user] = password
+    return users
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(GatewayConfig)}
 _INT_FIELDS = {name for name, f in _FIELDS.items() if f.type == "int"}
 
@@ -175,11 +232,19 @@ def build_parser() -> argparse.ArgumentParser:
         "state_file": "keep runtime thresholds in this JSON file instead of RabbitMQ",
         "reconcile_interval": "ms between depth reconciliations with RabbitMQ (1000)",
         "routing_refresh_interval": "ms between routing snapshots from RabbitMQ (30000)",
+        "store_path": "RabbitMQ data dir: measure the vhost store on disk instead of "
+        "message_bytes_persistent from the management API",
+        "store_poll_interval": "ms between store size measurements (1000)",
+        "admin_users": "admin API users as USER:PASS[,USER:PASS...] (HTTP basic)",
+        "admin_auth": "admin API authentication: none, users or rabbitmq "
+        "(default users when --admin-users is set, else none)",
     }
     for name, text in help_text.items():
         flag = "--" + name.replace("_", "-")
         if name == "log_format":
             parser.add_argument(flag, dest=name, choices=("console", "json"), help=text)
+        elif name == "admin_auth":
+            parser.add_argument(flag, dest=name, choices=("none", "users", "rabbitmq"), help=text)
         else:
             parser.add_argument(flag, dest=name, help=text)
     return parser

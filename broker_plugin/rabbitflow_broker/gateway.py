@@ -8,9 +8,12 @@ blocking, asks every relay to re-check its held confirms and flowed
 channels (:meth:`Connection.refresh`).
 
 Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
-blocked while its flow is ON or while a vhost-wide block (store quota,
-administrator stop: issue 4) is active; such a block names
-``** All Queues **`` in CHN-1005.
+blocked while its flow is ON, while an administrator stopped its producers
+(:meth:`Gateway.stop_producers` with a queue) or while a vhost-wide block is
+active.  Vhost-wide blocks are the store quota (:mod:`~rabbitflow_broker.store`,
+fed by :meth:`Gateway.observe_store`) and administrator stops of one vhost or
+of all; they name ``** All Queues **`` in CHN-1005.  Each blocker is
+independent: lifting one leaves the others in force.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from rabbitflow_broker.flow import (
     thresholds_from_arguments,
 )
 from rabbitflow_broker.routing import RoutingTable
+from rabbitflow_broker.store import StoreQuota, StoreSnapshot, StoreSource
 
 __all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
 
@@ -70,6 +74,9 @@ class Connection(Protocol):
 
     def refresh(self) -> None:
         """Re-check held confirms/commits and flowed channels against the gateway."""
+
+    def held_confirms(self) -> int:
+        """Confirms (and commit-oks) currently held from the client."""
 
     def blocked_channels(self) -> Iterable[BlockedChannel]:
         """Channels of this connection currently flowed."""
@@ -138,8 +145,11 @@ class Gateway:
         self._runtime: dict[QueueKey, Thresholds] = {}
         self._connections: dict[int, Connection] = {}
         self._next_connection = 0
-        #: vhosts whose producers are all blocked (store quota, admin stop).
-        self.blocked_vhosts: set[str] = set()
+        # Vhost-wide blocks set directly (tests, embedding); see set_vhost_blocked.
+        self._forced_vhosts: set[str] = set()
+        # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
+        self._admin_stops: dict[tuple[str | None, str | None], None] = {}
+        self._stores: dict[str, StoreQuota] = {}
         #: Called with a queue whose runtime thresholds went with the queue.
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
@@ -351,23 +361,36 @@ class Gateway:
 
     # -- blocking ------------------------------------------------------------
 
+    def vhost_blocked(self, vhost: str) -> bool:
+        """True while every producer of the vhost is blocked (store quota, admin stop)."""
+        stops = self._admin_stops
+        if (None, None) in stops or (vhost, None) in stops or vhost in self._forced_vhosts:
+            return True
+        store = self._stores.get(vhost)
+        return store is not None and store.overfull
+
+    def _queue_stopped(self, vhost: str, queue: str) -> bool:
+        stops = self._admin_stops
+        return bool(stops) and ((vhost, queue) in stops or (None, queue) in stops)
+
     def is_blocked(self, vhost: str, queue: str) -> bool:
         """True while publishes to the queue must not complete."""
-        if vhost in self.blocked_vhosts:
+        if self.vhost_blocked(vhost) or self._queue_stopped(vhost, queue):
             return True
         machine = self._flows.get((vhost, queue))
         return machine is not None and machine.stopped
 
     def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
         """A predicate for :class:`~rabbitflow_broker.confirms.ConfirmTracker`."""
-        if vhost in self.blocked_vhosts:
+        if self.vhost_blocked(vhost):
             return lambda route: True
         flows = self._flows
+        stopped = self._queue_stopped
 
         def blocked(route: Route) -> bool:
             for queue in route:
                 machine = flows.get((vhost, queue))
-                if machine is not None and machine.stopped:
+                if (machine is not None and machine.stopped) or stopped(vhost, queue):
                     return True
             return False
 
@@ -377,29 +400,92 @@ class Gateway:
         """What blocks a publish on this route, in the order CHN-1005 names them.
 
         ``** All Queues **`` first when the whole vhost is blocked, then the
-        route's overfull queues by name; empty when nothing blocks.
+        route's overfull or administratively stopped queues by name; empty
+        when nothing blocks.
         """
-        found = [ALL_QUEUES] if vhost in self.blocked_vhosts else []
+        found = [ALL_QUEUES] if self.vhost_blocked(vhost) else []
         flows = self._flows
         for queue in sorted(route):
             machine = flows.get((vhost, queue))
-            if machine is not None and machine.stopped:
+            if (machine is not None and machine.stopped) or self._queue_stopped(vhost, queue):
                 found.append(queue)
         return found
 
     def blocker_active(self, vhost: str, blocker: str) -> bool:
         """Whether a channel's recorded blocker still holds."""
         if blocker == ALL_QUEUES:
-            return vhost in self.blocked_vhosts
+            return self.vhost_blocked(vhost)
         return self.is_blocked(vhost, blocker)
 
     def set_vhost_blocked(self, vhost: str, blocked: bool) -> None:
-        """Block or free every producer of a vhost (issue 4: store quota, admin stop)."""
+        """Block or free every producer of a vhost, independently of quota and admin stops."""
         if blocked:
-            self.blocked_vhosts.add(vhost)
+            self._forced_vhosts.add(vhost)
         else:
-            self.blocked_vhosts.discard(vhost)
+            self._forced_vhosts.discard(vhost)
         self.wake()
+
+    # -- administrator stops -----------------------------------------------
+
+    def stop_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
+        """Block producers like an overfull queue until :meth:`start_producers`.
+
+        No argument: every vhost; ``vhost``: every queue of it (CHN-1005
+        names ``** All Queues **``); ``queue``: publishes routed to that
+        queue (in ``vhost``, or in every vhost when ``vhost`` is None;
+        CHN-1005 names the queue).  Stopping twice is the same as once.
+        """
+        self._admin_stops[(vhost, queue)] = None
+        self.wake()
+
+    def start_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
+        """Lift the administrator stop with exactly these arguments (others stay).
+
+        Starting what was not stopped does nothing.
+        """
+        if self._admin_stops.pop((vhost, queue), 0) is None:
+            self.wake()
+
+    def admin_stops(self) -> list[dict[str, str | None]]:
+        """Current administrator stops, oldest first."""
+        return [{"vhost": vhost, "queue": queue} for vhost, queue in self._admin_stops]
+
+    # -- store quota ---------------------------------------------------------
+
+    def store(self, vhost: str, source: StoreSource = "management") -> StoreQuota:
+        """The vhost's quota machine, created on first use."""
+        machine = self._stores.get(vhost)
+        if machine is None:
+            machine = self._stores[vhost] = StoreQuota(
+                vhost,
+                self.config.store_overfull_size,
+                self.config.store_underfull_size,
+                source=source,
+            )
+        return machine
+
+    def observe_store(self, vhost: str, size: int, source: StoreSource) -> None:
+        """A measured store size for a vhost; blocks or frees its producers on a transition.
+
+        Raises:
+            ValueError: a negative size.
+        """
+        machine = self.store(vhost, source)
+        machine.source = source
+        was_overfull = machine.overfull
+        event = machine.observe(size, self._clock())
+        if event is not None:
+            self._sink(event)
+        if machine.overfull != was_overfull:
+            self.wake()
+
+    def store_snapshots(self) -> list[StoreSnapshot]:
+        """Every vhost's store quota, by vhost name."""
+        return [self._stores[vhost].snapshot() for vhost in sorted(self._stores)]
+
+    def held_confirms(self) -> int:
+        """Confirms and commit-oks held from clients, across every channel."""
+        return sum(connection.held_confirms() for connection in self._connections.values())
 
     def wake(self) -> None:
         """Ask every relay to re-check what it holds."""

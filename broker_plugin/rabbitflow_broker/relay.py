@@ -581,7 +581,7 @@ class Relay:
             self.gateway.published(vhost, route, size)
         if channel.confirm is not None:
             channel.confirm.published(route)
-        if route or self.gateway.blocked_vhosts:
+        if route or self.gateway.vhost_blocked(vhost):
             self._block_on(channel, route)
 
     def _c_ack(self, channel: _Channel | None, number: int, payload: bytes) -> bool:
@@ -901,7 +901,7 @@ class Relay:
         gateway = self.gateway
         vhost = self.vhost
         blocked = gateway.route_blocker(vhost)
-        vhost_blocked = vhost in gateway.blocked_vhosts
+        vhost_blocked = gateway.vhost_blocked(vhost)
         for channel in list(self._channels.values()):
             if channel.closed_by_gateway or channel.number in self._upstream_closing:
                 continue
@@ -956,6 +956,13 @@ class Relay:
                     vhost=self.vhost,
                     blocked_on=tuple(channel.blockers),
                 )
+
+    def held_confirms(self) -> int:
+        """Confirms and commit-oks currently held from the client."""
+        return sum(
+            (channel.confirm.held if channel.confirm is not None else 0) + len(channel.held_commits)
+            for channel in self._channels.values()
+        )
 
     def channel_count(self) -> int:
         """Open channels."""
