@@ -1,34 +1,224 @@
-"""The gateway's admin HTTP API (aiohttp).
+"""The gateway's admin HTTP API, metrics and web console (aiohttp).
 
-``GET /api/queues``, ``GET /api/queues/{vhost}/{name}`` (vhost URL-encoded,
-``%2F`` for ``/``), ``PUT /api/queues/{vhost}/{name}/flow`` with any subset
-of ``flowStopCount``, ``flowResumeCount``, ``flowStopSize``,
-``flowResumeSize``, and ``GET /api/channels``.  Errors are JSON
-``{"error": "..."}`` with 400 (bad request, refused threshold) or 404
-(unknown queue).  Handlers only drive the gateway.
+Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
+
+* ``GET /api/queues``, ``GET /api/queues/{vhost}/{name}``,
+  ``PUT /api/queues/{vhost}/{name}/flow`` (any subset of
+  ``flowStopCount``, ``flowResumeCount``, ``flowStopSize``,
+  ``flowResumeSize``), ``GET /api/channels``;
+* ``GET /api/store``: the store quota of every vhost, the administrator
+  stops in force and the number of held confirms;
+* ``POST /api/producers/stop`` and ``/start`` with an optional JSON body
+  ``{"vhost": ..., "queue": ...}`` (no body, ``{}`` or nulls: everything);
+* ``GET /metrics`` (Prometheus text, see :mod:`rabbitflow_broker.metrics`);
+* ``GET /`` the web console (``static/``).
+
+Errors are JSON ``{"error": "..."}`` with 400 (bad request, refused
+threshold), 401 (credentials) or 404 (unknown queue).
+
+Authentication (``--admin-auth``): ``none`` (only allowed on loopback;
+enforced by the configuration), ``users`` (HTTP basic against
+``--admin-users``, compared in constant time) or ``rabbitmq`` (HTTP basic
+checked against RabbitMQ's own users with ``GET /api/whoami`` on the
+management API; answers are cached for :data:`RABBITMQ_AUTH_TTL` seconds).
+Every route needs the credentials.  Every mutating call is logged on
+``rabbitflow.broker.audit`` with who made it.  Handlers only drive the
+gateway.
 """
 
 from __future__ import annotations
 
+import binascii
+import hashlib
+import hmac
 import json
-from typing import TYPE_CHECKING, Any
+import time
+from base64 import b64decode
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
 
+import aiohttp
 import structlog
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from rabbitflow_broker.flow import ThresholdError
+from rabbitflow_broker.metrics import CONTENT_TYPE, metrics_registry, render
 from rabbitflow_broker.persistence import PersistenceError
 from rabbitflow_broker.upstream import ManagementError
 
 if TYPE_CHECKING:
+    from rabbitflow_broker.config import GatewayConfig
     from rabbitflow_broker.service import GatewayService
 
-__all__ = ["SERVICE_KEY", "create_app"]
+__all__ = [
+    "ANONYMOUS",
+    "RABBITMQ_AUTH_TTL",
+    "SERVICE_KEY",
+    "Authenticator",
+    "RabbitMQUsers",
+    "StaticUsers",
+    "authenticator_for",
+    "create_app",
+]
 
 _log = structlog.get_logger("rabbitflow.broker.admin")
+_audit = structlog.get_logger("rabbitflow.broker.audit")
 
 SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service")
+_AUTH_KEY: web.AppKey[Authenticator | None] = web.AppKey("authenticator")
+_REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("metrics")
+_USER_KEY = "rabbitflow.admin.user"
+
+#: Who a mutating call is attributed to when no authentication is configured.
+ANONYMOUS = "anonymous (loopback)"
+#: Seconds a RabbitMQ answer about a user's credentials is reused.
+RABBITMQ_AUTH_TTL = 5.0
+
+_STATIC = Path(__file__).with_name("static")
+_REALM = 'Basic realm="rabbitflow-broker", charset="UTF-8"'
+
+
+# -- authentication ---------------------------------------------------------------
+
+
+class Authenticator(Protocol):
+    """Checks one user/password pair."""
+
+    async def check(self, user: str, password: str) -> bool:
+        """True when the credentials are good."""
+
+    async def close(self) -> None:
+        """Release resources (HTTP sessions)."""
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8")).digest()
+
+
+class StaticUsers:
+    """Users from the configuration; passwords compared in constant time."""
+
+    def __init__(self, users: Mapping[str, str]) -> None:
+        self._users = {user: _digest(password) for user, password in users.items()}
+        self._nobody = _digest("\0rabbitflow: no such user\0")
+
+    async def check(self, user: str, password: str) -> bool:
+        """True when ``user`` is configured with this ``password``."""
+        # Compare even for unknown users so timing does not reveal names.
+        expected = self._users.get(user, self._nobody)
+        good = hmac.compare_digest(expected, _digest(password))
+        return good and user in self._users
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class RabbitMQUsers:
+    """Checks credentials against RabbitMQ's users (management ``GET /api/whoami``).
+
+    Answers (good and bad) are cached for ``ttl`` seconds, keyed by user and
+    a hash of the password, so a console polling every second does not
+    hit RabbitMQ each time.  An unreachable management API refuses.
+    """
+
+    def __init__(
+        self,
+        management_base: str,
+        *,
+        ttl: float = RABBITMQ_AUTH_TTL,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._url = management_base.rstrip("/") + "/api/whoami"
+        self._ttl = ttl
+        self._monotonic = monotonic
+        self._cache: dict[tuple[str, bytes], tuple[bool, float]] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def check(self, user: str, password: str) -> bool:
+        """True when RabbitMQ accepts these credentials for its management API."""
+        key = (user, _digest(password))
+        now = self._monotonic()
+        cached = self._cache.get(key)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        try:
+            async with self._session.get(
+                self._url, auth=aiohttp.BasicAuth(user, password)
+            ) as response:
+                good = response.status == 200
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            _log.warning("admin credentials not checked: management API failed", error=str(exc))
+            return False
+        for stale in [k for k, (_, expires) in self._cache.items() if expires <= now]:
+            del self._cache[stale]
+        self._cache[key] = (good, now + self._ttl)
+        return good
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def authenticator_for(config: GatewayConfig) -> Authenticator | None:
+    """The authenticator ``--admin-auth`` asks for; ``None`` for ``none``.
+
+    The configuration has already validated the mode and the users (and
+    refused ``none`` on a non-loopback ``--admin-listen``).
+    """
+    if config.admin_auth == "users":
+        return StaticUsers(config.admin_credentials)
+    if config.admin_auth == "rabbitmq":
+        return RabbitMQUsers(config.management_base)
+    return None
+
+
+def _credentials(request: web.Request) -> tuple[str, str] | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic" or not token:
+        return None
+    try:
+        decoded = b64decode(token.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    user, sep, password = decoded.partition(":")
+    return (user, password) if sep else None
+
+
+def _unauthorized(text: str) -> web.Response:
+    return web.json_response({"error": text}, status=401, headers={"WWW-Authenticate": _REALM})
+
+
+@web.middleware
+async def _auth_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    authenticator = request.app[_AUTH_KEY]
+    if authenticator is None:
+        request[_USER_KEY] = ANONYMOUS
+        return await handler(request)
+    credentials = _credentials(request)
+    if credentials is None:
+        return _unauthorized("credentials required (HTTP basic)")
+    if not await authenticator.check(*credentials):
+        _log.warning("admin credentials refused", user=credentials[0], peer=request.remote)
+        return _unauthorized("wrong user or password")
+    request[_USER_KEY] = credentials[0]
+    return await handler(request)
+
+
+def _who(request: web.Request) -> str:
+    return str(request.get(_USER_KEY, ANONYMOUS))
+
+
+# -- handlers -----------------------------------------------------------------------
 
 
 def _error(status: int, text: str) -> web.Response:
@@ -93,11 +283,13 @@ async def put_flow(request: web.Request) -> web.Response:
         thresholds = service.gateway.set_runtime_thresholds(vhost, name, body)
     except ThresholdError as exc:
         return _error(400, str(exc))
-    _log.info(
+    _audit.info(
         "thresholds set",
+        user=_who(request),
+        peer=request.remote,
+        action="set-flow",
         vhost=vhost,
         queue=name,
-        peer=request.remote,
         **thresholds.to_json(),
     )
     try:
@@ -118,12 +310,121 @@ async def list_channels(request: web.Request) -> web.Response:
     return web.json_response(channels)
 
 
-def create_app(service: GatewayService) -> web.Application:
-    """The admin application for one running gateway."""
-    app = web.Application()
+async def _scope(request: web.Request) -> tuple[str | None, str | None]:
+    """The optional ``{"vhost", "queue"}`` body of the producer calls.
+
+    Raises:
+        web.HTTPBadRequest: not JSON, not an object, unknown keys, non-strings.
+    """
+    raw = await request.read()
+    if not raw.strip():
+        return None, None
+    try:
+        body: Any = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _bad_request("body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise _bad_request('body must be a JSON object {"vhost": ..., "queue": ...}')
+    unknown = sorted(set(body) - {"vhost", "queue"})
+    if unknown:
+        raise _bad_request(f"unknown key {unknown[0]!r} (expected vhost, queue)")
+    values: list[str | None] = []
+    for key in ("vhost", "queue"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise _bad_request(f"{key} must be a non-empty string, got {value!r}")
+        values.append(value)
+    return values[0], values[1]
+
+
+def _bad_request(text: str) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=json.dumps({"error": text}), content_type="application/json")
+
+
+async def _producers(request: web.Request, action: str) -> web.Response:
+    gateway = _service(request).gateway
+    vhost, queue = await _scope(request)
+    change = gateway.stop_producers if action == "stop" else gateway.start_producers
+    try:
+        change(vhost=vhost, queue=queue)
+    except ValueError as exc:
+        return _error(400, str(exc))
+    _audit.info(
+        f"producers {action}ped" if action == "stop" else "producers started",
+        user=_who(request),
+        peer=request.remote,
+        action=f"{action}-producers",
+        vhost=vhost,
+        queue=queue,
+    )
+    return web.json_response(
+        {"action": action, "vhost": vhost, "queue": queue, "stops": gateway.admin_stops()}
+    )
+
+
+async def stop_producers(request: web.Request) -> web.Response:
+    """POST /api/producers/stop"""
+    return await _producers(request, "stop")
+
+
+async def start_producers(request: web.Request) -> web.Response:
+    """POST /api/producers/start"""
+    return await _producers(request, "start")
+
+
+async def get_store(request: web.Request) -> web.Response:
+    """GET /api/store"""
+    gateway = _service(request).gateway
+    return web.json_response(
+        {
+            "vhosts": [s.to_json() for s in gateway.store_snapshots()],
+            "stops": gateway.admin_stops(),
+            "heldConfirms": gateway.held_confirms(),
+        }
+    )
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    """GET /metrics"""
+    body = render(request.app[_REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def console(request: web.Request) -> web.FileResponse:
+    """GET / (the web console)"""
+    return web.FileResponse(_STATIC / "console.html")
+
+
+async def _close_authenticator(app: web.Application) -> None:
+    authenticator = app[_AUTH_KEY]
+    if authenticator is not None:
+        await authenticator.close()
+
+
+def create_app(
+    service: GatewayService, *, authenticator: Authenticator | None = None
+) -> web.Application:
+    """The admin application for one running gateway.
+
+    ``authenticator`` defaults to what the configuration asks for
+    (:func:`authenticator_for`).
+
+    """
+    if authenticator is None:
+        authenticator = authenticator_for(service.config)
+    app = web.Application(middlewares=[_auth_middleware])
     app[SERVICE_KEY] = service
+    app[_AUTH_KEY] = authenticator
+    app[_REGISTRY_KEY] = metrics_registry(service.gateway)
+    app.on_cleanup.append(_close_authenticator)
     app.router.add_get("/api/queues", list_queues)
     app.router.add_get("/api/queues/{vhost}/{name}", get_queue)
     app.router.add_put("/api/queues/{vhost}/{name}/flow", put_flow)
     app.router.add_get("/api/channels", list_channels)
+    app.router.add_get("/api/store", get_store)
+    app.router.add_post("/api/producers/stop", stop_producers)
+    app.router.add_post("/api/producers/start", start_producers)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/", console)
+    app.router.add_static("/static/", _STATIC, follow_symlinks=False)
     return app
