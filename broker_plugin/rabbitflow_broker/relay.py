@@ -14,6 +14,17 @@ AMQP forbids interleaving frames of one channel within a content.
 
 Flow control never stops the upstream→client direction, so deliveries
 and acks keep flowing to consumers while producers are blocked.
+
+Clients that ignore ``Channel.Flow(active=false)`` (issue 4): once a flowed
+channel has published more than :data:`PAUSE_MESSAGES` messages or
+:data:`PAUSE_BYTES` body bytes since it was flowed, the relay stops reading
+the client's socket (TCP back-pressure; ``connection.blocked`` to clients
+that advertise the capability) until the channel is unflowed or its
+``--flow-enforcement-timeout`` has passed.  The first publish on a channel
+flowed for longer than the timeout is not forwarded: the channel is closed
+(CHN-1012, 406) and everything received before it still goes upstream.
+While any channel of the connection is flowed, the relay reads the client
+in :data:`FLOWED_READ_SIZE` chunks so the checks between reads bite early.
 """
 
 from __future__ import annotations
@@ -30,7 +41,12 @@ from pamqp import commands
 
 from rabbitflow_broker.confirms import Confirm, ConfirmTracker
 from rabbitflow_broker.depth import ChannelDeliveries
-from rabbitflow_broker.events import ALL_QUEUES, ChannelFlowEnforced, ChannelFlowRemoved
+from rabbitflow_broker.events import (
+    ALL_QUEUES,
+    ChannelFlowEnforced,
+    ChannelFlowIgnored,
+    ChannelFlowRemoved,
+)
 from rabbitflow_broker.flow import ThresholdError
 from rabbitflow_broker.frames import (
     FRAME_BODY,
@@ -55,7 +71,7 @@ from rabbitflow_broker.frames import (
 from rabbitflow_broker.gateway import BlockedChannel, Gateway, Route
 from rabbitflow_broker.routing import RoutingError
 
-__all__ = ["Connector", "Relay"]
+__all__ = ["FLOWED_READ_SIZE", "PAUSE_BYTES", "PAUSE_MESSAGES", "Connector", "Relay"]
 
 #: Opens the upstream connection (``asyncio.open_connection`` by default).
 Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
@@ -63,6 +79,12 @@ Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.S
 _log = structlog.get_logger("rabbitflow.broker.relay")
 
 _READ_SIZE = 256 * 1024
+#: Client reads while a channel of the connection is flowed.
+FLOWED_READ_SIZE = 16 * 1024
+#: A flowed channel may publish this many messages / body bytes before the
+#: relay stops reading its connection (back-pressure).
+PAUSE_MESSAGES = 100
+PAUSE_BYTES = 256 * 1024
 _INTERNAL_ERROR = 541
 _CLOSE_GRACE_S = 1.0
 _EMPTY: Route = frozenset()
@@ -127,6 +149,7 @@ class _Channel:
     # When the channel was flowed and how often it published since (CHN-1012, issue 4).
     flowed_at: float | None = None
     publishes_while_flowed: int = 0
+    bytes_while_flowed: int = 0
     publisher: bool = False
     # The gateway closed it towards the client: drop client frames until CloseOk.
     closed_by_gateway: bool = False
@@ -168,6 +191,11 @@ class Relay:
         self._upstream_closing: dict[int, list[bytes]] = {}
         self._in_upstream_chunk = False
         self._in_client_chunk = False
+        # Set by refresh(): a paused client loop re-checks whether to read.
+        self._resume = asyncio.Event()
+        self._blocked_capable = False
+        timeout_ms = gateway.config.flow_enforcement_timeout
+        self._enforcement_s: float | None = timeout_ms / 1000 if timeout_ms else None
         self._log = _log.bind(
             connection=self.number, remote=f"{self.remote_host}:{self.remote_port}"
         )
@@ -282,8 +310,10 @@ class Relay:
         assert self._uwriter is not None
         upstream = self._uwriter
         while True:
+            await self._backpressure()
+            read_size = FLOWED_READ_SIZE if self._any_flowed() else _READ_SIZE
             try:
-                data = await self._creader.read(_READ_SIZE)
+                data = await self._creader.read(read_size)
             except (ConnectionError, OSError):
                 return
             if not data:
@@ -303,6 +333,86 @@ class Relay:
                     await upstream.drain()
                 except (ConnectionError, OSError):
                     return
+
+    # -- clients that ignore flow control ---------------------------------
+
+    def _any_flowed(self) -> bool:
+        return any(ch.blockers for ch in self._channels.values())
+
+    def _pause_until(self) -> float | None:
+        """Monotonic time to stop pausing at (inf: until unflowed); None: read now."""
+        until: float | None = None
+        for channel in self._channels.values():
+            if (
+                not channel.blockers
+                or channel.flowed_at is None
+                or channel.closed_by_gateway
+                or (
+                    channel.publishes_while_flowed <= PAUSE_MESSAGES
+                    and channel.bytes_while_flowed <= PAUSE_BYTES
+                )
+            ):
+                continue
+            if self._enforcement_s is None:
+                candidate = float("inf")
+            else:
+                # Just past the timeout, so the next publish is judged ignoring flow.
+                candidate = channel.flowed_at + self._enforcement_s + 0.001
+            until = candidate if until is None else min(until, candidate)
+        return until
+
+    async def _backpressure(self) -> None:
+        until = self._pause_until()
+        if until is None or until <= self.gateway.monotonic():
+            return
+        self._log.info("pausing client reads: flowed channel keeps publishing")
+        if self._blocked_capable:
+            self._send_client(0, encode_method(0, commands.Connection.Blocked("flow control")))
+        while until is not None:
+            remaining = until - self.gateway.monotonic()
+            if remaining <= 0:
+                break
+            self._resume.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._resume.wait(), None if remaining == float("inf") else remaining
+                )
+            until = self._pause_until()
+        if self._blocked_capable:
+            self._send_client(0, encode_method(0, commands.Connection.Unblocked()))
+        self._log.info("resuming client reads")
+
+    def _flow_ignored(self, channel: _Channel) -> bool:
+        """Close a channel still publishing past the enforcement timeout (CHN-1012)."""
+        if (
+            not channel.blockers
+            or channel.flowed_at is None
+            or self._enforcement_s is None
+            or self.gateway.monotonic() - channel.flowed_at <= self._enforcement_s
+        ):
+            return False
+        number = channel.number
+        self.gateway.emit(
+            ChannelFlowIgnored(
+                ts=self.gateway.now(),
+                vhost=self.vhost,
+                connection=self.number,
+                user=self.user,
+                remote_host=self.remote_host,
+                remote_port=self.remote_port,
+                channel=number,
+            )
+        )
+        timeout_ms = self.gateway.config.flow_enforcement_timeout
+        self.close_channel(
+            number,
+            PRECONDITION_FAILED,
+            f"flow control ignored: still publishing {timeout_ms} ms after "
+            "Channel.Flow(active=false)",
+            (60, 40),
+        )
+        self._resume.set()
+        return True
 
     async def _upstream_loop(self) -> None:
         assert self._ureader is not None
@@ -461,6 +571,11 @@ class Relay:
         method = decode_method(payload)
         assert isinstance(method, commands.Connection.StartOk)
         self.user = _user_from_start_ok(method)
+        properties = method.client_properties or {}
+        capabilities = properties.get("capabilities")
+        self._blocked_capable = isinstance(capabilities, dict) and bool(
+            capabilities.get("connection.blocked")
+        )
         return True
 
     def _c_tune_ok(self, _ch: _Channel | None, _n: int, payload: bytes) -> bool:
@@ -559,6 +674,8 @@ class Relay:
 
     def _c_publish(self, channel: _Channel | None, number: int, payload: bytes) -> bool:
         assert channel is not None
+        if self._flow_ignored(channel):
+            return False
         publish = decode_publish(payload)
         channel.publish = (publish.exchange, publish.routing_key)
         return True
@@ -570,6 +687,7 @@ class Relay:
         channel.publisher = True
         if channel.blockers:
             channel.publishes_while_flowed += 1
+            channel.bytes_while_flowed += size
         vhost = self.vhost
         try:
             route = self.gateway.routing.route(vhost, exchange, routing_key, headers)
@@ -882,6 +1000,7 @@ class Relay:
         number = channel.number
         channel.flowed_at = self.gateway.monotonic()
         channel.publishes_while_flowed = 0
+        channel.bytes_while_flowed = 0
         self._send_client(number, encode_method(number, commands.Channel.Flow(active=False)))
         self.gateway.emit(
             ChannelFlowEnforced(
@@ -920,6 +1039,7 @@ class Relay:
                         del channel.blockers[blocker]
                 if not channel.blockers:
                     self._unblock(channel)
+        self._resume.set()
 
     def _unblock(self, channel: _Channel) -> None:
         number = channel.number

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, Any
 
 import structlog
@@ -31,9 +33,10 @@ from rabbitflow_broker.persistence import (
 )
 from rabbitflow_broker.relay import Relay
 from rabbitflow_broker.routing import RoutingError, RoutingTable
+from rabbitflow_broker.store import StoreSource
 from rabbitflow_broker.upstream import ManagementClient, ManagementError
 
-__all__ = ["EventSink", "GatewayService"]
+__all__ = ["EventSink", "GatewayService", "disk_store_sizes"]
 
 _log = structlog.get_logger("rabbitflow.broker")
 _events_log = structlog.get_logger("rabbitflow.broker.events")
@@ -64,6 +67,36 @@ class EventSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def disk_store_sizes(data_dir: str) -> dict[str, int]:
+    """vhost -> bytes on disk of its message store under a RabbitMQ data dir.
+
+    RabbitMQ keeps each vhost's store in ``msg_stores/vhosts/<hash>/`` with
+    the vhost's name in a ``.vhost`` file there; ``data_dir`` may be the
+    node's data directory (``.../mnesia/rabbit@host``) or any directory
+    above it.  Files that vanish while being measured (segment compaction)
+    are skipped.
+
+    Raises:
+        OSError: ``data_dir`` cannot be read.
+    """
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise NotADirectoryError(f"--store-path: {data_dir} is not a directory")
+    sizes: dict[str, int] = {}
+    for marker in root.glob("**/msg_stores/vhosts/*/.vhost"):
+        try:
+            vhost = marker.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        total = 0
+        for dirpath, _dirs, files in os.walk(marker.parent):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+        sizes[vhost] = sizes.get(vhost, 0) + total
+    return sizes
 
 
 def _policy(item: Mapping[str, Any]) -> Mapping[str, object]:
@@ -113,6 +146,7 @@ class GatewayService:
             _log.warning("runtime thresholds not loaded", error=str(exc))
         await self.refresh_routing()
         await self.reconcile_once(initial=True)
+        await self.measure_store()
         host, port = self.config.listen_address
         self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -128,6 +162,7 @@ class GatewayService:
         self._tasks = [
             asyncio.create_task(self._routing_loop(), name="routing-refresh"),
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+            asyncio.create_task(self._store_loop(), name="store-quota"),
         ]
         _log.info(
             "gateway listening",
@@ -258,6 +293,38 @@ class GatewayService:
                 gateway.queue_deleted(*key)
                 with contextlib.suppress(RoutingError):
                     gateway.routing.delete_queue(*key)
+
+    async def measure_store(self) -> None:
+        """Feed every vhost's store size to the quota machines.
+
+        From the on-disk message store with ``--store-path``, else from
+        RabbitMQ's ``message_bytes_persistent`` statistics.  A failed
+        measurement changes nothing (the last state holds).
+        """
+        path = self.config.store_path
+        try:
+            if path:
+                sizes = await asyncio.to_thread(disk_store_sizes, path)
+                source: StoreSource = "disk"
+            else:
+                sizes = await self.management.store_sizes()
+                source = "management"
+        except (ManagementError, OSError) as exc:
+            _log.warning("store size not measured", error=str(exc))
+            return
+        for vhost, size in sizes.items():
+            self.gateway.observe_store(vhost, size, source)
+
+    async def _store_loop(self) -> None:
+        interval = self.config.store_poll_interval / 1000
+        if not interval:
+            return
+        if not self.config.store_overfull_size:
+            # Quota off: sizes are only shown by the admin API; poll gently.
+            interval = max(interval, 10.0)
+        while True:
+            await asyncio.sleep(interval)
+            await self.measure_store()
 
     async def _routing_loop(self) -> None:
         interval = self.config.routing_refresh_interval / 1000

@@ -7,6 +7,9 @@ The gateway asks RabbitMQ for:
 * queue totals (``/api/queues?disable_stats=true&enable_queue_totals=true``,
   current to milliseconds: ``messages`` = ready + unacknowledged);
 * queue bytes (``message_bytes`` from the statistics, seconds old);
+* per-vhost store sizes (sum of ``message_bytes_persistent`` over the
+  vhost's queues; statistics, up to ``collect_statistics_interval`` (5 s)
+  old) for the store quota;
 * global runtime parameters, where runtime thresholds are kept.
 
 Raises :class:`ManagementError` for HTTP errors and unreachable servers.
@@ -119,6 +122,24 @@ class ManagementClient:
             if isinstance(messages, int) and isinstance(size, int):
                 out[(str(item["vhost"]), str(item["name"]))] = (messages, size)
         return out
+
+    async def store_sizes(self) -> dict[str, int]:
+        """vhost -> bytes of its persistent messages (0 for a vhost without queues).
+
+        Statistics: up to ``collect_statistics_interval`` (5 s by default) old.
+
+        Raises:
+            ManagementError: transport failure or error status.
+        """
+        vhosts = await self.get("/api/vhosts?columns=name") or []
+        sizes = {str(item["name"]): 0 for item in vhosts if "name" in item}
+        items = await self.get("/api/queues?columns=vhost,message_bytes_persistent") or []
+        for item in items:
+            size = item.get("message_bytes_persistent")
+            if isinstance(size, int) and not isinstance(size, bool):
+                vhost = str(item["vhost"])
+                sizes[vhost] = sizes.get(vhost, 0) + size
+        return sizes
 
     async def queue(self, vhost: str, name: str) -> Mapping[str, Any] | None:
         """One queue, or None when it does not exist.
