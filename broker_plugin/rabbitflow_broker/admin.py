@@ -70,7 +70,7 @@ _audit = structlog.get_logger("rabbitflow.broker.audit")
 SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service")
 _AUTH_KEY: web.AppKey[Authenticator | None] = web.AppKey("authenticator")
 _REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("metrics")
-_USER_KEY = "rabbitflow.admin.user"
+_USER_KEY: web.RequestKey[str] = web.RequestKey("user")
 
 #: Who a mutating call is attributed to when no authentication is configured.
 ANONYMOUS = "anonymous (loopback)"
@@ -147,9 +147,8 @@ class RabbitMQUsers:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
         try:
-            async with self._session.get(
-                self._url, auth=aiohttp.BasicAuth(user, password)
-            ) as response:
+            headers = {"Authorization": aiohttp.encode_basic_auth(user, password)}
+            async with self._session.get(self._url, headers=headers) as response:
                 good = response.status == 200
         except (TimeoutError, aiohttp.ClientError) as exc:
             _log.warning("admin credentials not checked: management API failed", error=str(exc))

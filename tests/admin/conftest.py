@@ -1,0 +1,80 @@
+"""In-process admin API fixtures: a gateway with no sockets of its own, served by aiohttp's test server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from rabbitflow_broker.admin import Authenticator, create_app
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import Event
+from rabbitflow_broker.gateway import BlockedChannel
+from rabbitflow_broker.service import EventSink, GatewayService
+
+
+class ListSink(EventSink):
+    """Keeps events in memory instead of writing them."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.events: list[Event] = []
+
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
+
+
+class FakeConnection:
+    """A relay as the gateway sees it: fixed blocked channels and held confirms."""
+
+    def __init__(self, number: int, blocked: Iterable[BlockedChannel] = (), held: int = 0) -> None:
+        self.number = number
+        self._blocked = list(blocked)
+        self._held = held
+
+    def refresh(self) -> None:
+        pass
+
+    def held_confirms(self) -> int:
+        return self._held
+
+    def blocked_channels(self) -> Iterable[BlockedChannel]:
+        return list(self._blocked)
+
+    def channel_count(self) -> int:
+        return len(self._blocked)
+
+    def describe_channels(self) -> Iterable[dict[str, Any]]:
+        return [{**c.to_json(), "flowStopped": True} for c in self._blocked]
+
+
+Serve = Callable[..., AbstractAsyncContextManager[TestClient[Any, Any]]]
+
+
+@pytest.fixture
+def make_service(tmp_path: Path) -> Callable[..., GatewayService]:
+    def make(**options: Any) -> GatewayService:
+        options.setdefault("state_file", str(tmp_path / "thresholds.json"))
+        return GatewayService(GatewayConfig(**options), sink=ListSink())
+
+    return make
+
+
+@pytest.fixture
+def serve() -> Serve:
+    @asynccontextmanager
+    async def run(
+        service: GatewayService, authenticator: Authenticator | None = None
+    ) -> AsyncIterator[TestClient[Any, Any]]:
+        client: TestClient[Any, Any] = TestClient(
+            TestServer(create_app(service, authenticator=authenticator))
+        )
+        async with client:
+            yield client
+        await service.management.close()
+
+    return run
