@@ -1,4 +1,4 @@
-"""In-process admin API fixtures: a gateway with no sockets of its own, served by aiohttp's test server."""
+"""In-process admin API fixtures: a gateway without listeners, served by aiohttp's test server."""
 
 from __future__ import annotations
 

@@ -100,7 +100,8 @@ async def test_console_page_and_its_assets_are_served(
         script = await client.get("/static/console.js")
         style = await client.get("/static/console.css")
 
-    assert page.status == 200 and page.content_type == "text/html"
+    assert page.status == 200
+    assert page.content_type == "text/html"
     assert '<script src="/static/console.js">' in html
     assert (script.status, style.status) == (200, 200)
 
