@@ -20,6 +20,8 @@ function el(tag, attrs = {}, ...children) {
 }
 
 const num = (value) => el("td", { class: "num" }, numberFormat.format(value ?? 0));
+// A store quota of 0 is switched off.
+const quota = (value) => (value ? num(value) : el("td", { class: "num muted" }, "off"));
 
 function queuePath(vhost, name) {
   return `/api/queues/${encodeURIComponent(vhost)}/${encodeURIComponent(name)}`;
@@ -47,9 +49,9 @@ function renderQueues(queues) {
     const actions = el(
       "td",
       { class: "actions" },
-      el("button", { "data-action": "edit" }, "Edit"),
-      el("button", { "data-action": "stop", class: "danger" }, "Stop producers"),
-      el("button", { "data-action": "start" }, "Start producers"),
+      el("button", { "data-action": "edit", title: "Edit thresholds" }, "Edit"),
+      el("button", { "data-action": "stop", class: "danger", title: "Stop this queue's producers" }, "Stop"),
+      el("button", { "data-action": "start", title: "Start this queue's producers" }, "Start"),
     );
     return el(
       "tr",
@@ -83,7 +85,7 @@ function renderChannels(channels) {
       el("td", {}, c.user ?? ""),
       el("td", {}, c.remote ?? ""),
       el("td", {}, c.vhost ?? ""),
-      el("td", {}, (c.blockedOn || []).join(", ")),
+      el("td", { class: "wrap" }, (c.blockedOn || []).join(", ")),
       num(c.heldConfirms),
     ),
   );
@@ -99,8 +101,8 @@ function renderStore(store) {
       { "data-vhost": s.vhost },
       el("td", {}, s.vhost),
       num(s.size),
-      num(s.overfullSize),
-      num(s.underfullSize),
+      quota(s.overfullSize),
+      quota(s.underfullSize),
       el("td", {}, state),
       num(s.overfullCount),
     );
