@@ -1,0 +1,154 @@
+"""Gateway: administrator stops and the store quota as independent blockers."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import ALL_QUEUES, Event, StoreOverfull, StoreUnderfull
+from rabbitflow_broker.gateway import BlockedChannel, Gateway
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+Q = frozenset({"q"})
+
+
+class FakeConnection:
+    number = 1
+
+    def __init__(self, held: int = 0) -> None:
+        self.refreshes = 0
+        self.held = held
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+
+    def held_confirms(self) -> int:
+        return self.held
+
+    def blocked_channels(self) -> Iterable[BlockedChannel]:
+        return []
+
+    def channel_count(self) -> int:
+        return 0
+
+    def describe_channels(self) -> Iterable[dict[str, Any]]:
+        return []
+
+
+def _gateway(**options: Any) -> tuple[Gateway, list[Event]]:
+    events: list[Event] = []
+    gateway = Gateway(
+        GatewayConfig(**options), sink=events.append, clock=lambda: NOW, monotonic=lambda: 0.0
+    )
+    return gateway, events
+
+
+def test_stop_all_blocks_every_vhost_with_all_queues() -> None:
+    gateway, _ = _gateway()
+    gateway.stop_producers()
+    assert gateway.blockers("/", Q) == [ALL_QUEUES]
+    assert gateway.blockers("other", frozenset()) == [ALL_QUEUES]
+    assert gateway.route_blocker("other")(frozenset())
+
+
+def test_stop_one_vhost_leaves_others_free() -> None:
+    gateway, _ = _gateway()
+    gateway.stop_producers(vhost="a")
+    assert gateway.vhost_blocked("a")
+    assert not gateway.vhost_blocked("b")
+
+
+def test_stop_one_queue_names_the_queue_not_all_queues() -> None:
+    gateway, _ = _gateway()
+    gateway.stop_producers(vhost="/", queue="q")
+    assert gateway.blockers("/", frozenset({"q", "r"})) == ["q"]
+    assert gateway.route_blocker("/")(Q)
+    assert not gateway.route_blocker("/")(frozenset({"r"}))
+    assert not gateway.vhost_blocked("/")
+
+
+def test_stop_queue_without_vhost_applies_in_every_vhost() -> None:
+    gateway, _ = _gateway()
+    gateway.stop_producers(queue="q")
+    assert gateway.is_blocked("/", "q")
+    assert gateway.is_blocked("v2", "q")
+
+
+def test_start_lifts_only_the_matching_stop() -> None:
+    gateway, _ = _gateway()
+    gateway.stop_producers(vhost="/")
+    gateway.stop_producers(vhost="/", queue="q")
+    gateway.start_producers(vhost="/")
+    assert gateway.admin_stops() == [{"vhost": "/", "queue": "q"}]
+    assert gateway.blocker_active("/", "q")
+    assert not gateway.blocker_active("/", ALL_QUEUES)
+
+
+def test_stop_and_start_wake_the_relays() -> None:
+    gateway, _ = _gateway()
+    connection = FakeConnection()
+    gateway.register(connection)
+    gateway.stop_producers()
+    gateway.start_producers()
+    assert connection.refreshes == 2
+
+
+def test_starting_what_was_not_stopped_wakes_nobody() -> None:
+    gateway, _ = _gateway()
+    connection = FakeConnection()
+    gateway.register(connection)
+    gateway.start_producers(vhost="/")
+    assert connection.refreshes == 0
+
+
+def test_store_overfull_blocks_the_vhost_and_logs_mst_1008() -> None:
+    gateway, events = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.observe_store("/", 1500, "management")
+    assert [type(e) for e in events] == [StoreOverfull]
+    assert gateway.blockers("/", Q) == [ALL_QUEUES]
+
+
+def test_store_underfull_frees_the_vhost_and_logs_mst_1009() -> None:
+    gateway, events = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.observe_store("/", 1500, "management")
+    gateway.observe_store("/", 100, "management")
+    assert [type(e) for e in events] == [StoreOverfull, StoreUnderfull]
+    assert not gateway.vhost_blocked("/")
+
+
+def test_admin_stop_holds_after_the_store_clears() -> None:
+    gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.observe_store("/", 1500, "management")
+    gateway.stop_producers(vhost="/")
+    gateway.observe_store("/", 100, "management")
+    assert gateway.vhost_blocked("/")
+
+
+def test_store_block_holds_after_admin_start() -> None:
+    gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.stop_producers(vhost="/")
+    gateway.observe_store("/", 1500, "management")
+    gateway.start_producers(vhost="/")
+    assert gateway.vhost_blocked("/")
+
+
+def test_store_snapshots_list_measured_vhosts() -> None:
+    gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.observe_store("b", 10, "disk")
+    gateway.observe_store("a", 2000, "disk")
+    snaps = gateway.store_snapshots()
+    assert [(s.vhost, s.overfull, s.source) for s in snaps] == [
+        ("a", True, "disk"),
+        ("b", False, "disk"),
+    ]
+
+
+def test_held_confirms_sums_the_connections() -> None:
+    gateway, _ = _gateway()
+    first, second = FakeConnection(3), FakeConnection(4)
+    second.number = 2
+    gateway.register(first)
+    gateway.register(second)
+    assert gateway.held_confirms() == 7
