@@ -1,0 +1,209 @@
+"""Relay enforcement against clients that ignore Channel.Flow (in-memory streams, fake clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from pamqp import commands
+from pamqp import frame as pamqp_frame
+from pamqp import header as pamqp_header
+from pamqp.base import Frame
+from pamqp.body import ContentBody
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import ChannelFlowIgnored, Event
+from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.relay import PAUSE_MESSAGES, Relay
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 50514) if name == "peername" else None
+
+    def take(self) -> list[Frame]:
+        buffer, frames = FrameReader(expect_protocol_header=False).feed(
+            bytes(self.data).removeprefix(PROTOCOL_HEADER)
+        )
+        self.data.clear()
+        return [decode_method(f.payload(buffer)) for f in frames if f.kind == 1]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@dataclass
+class Harness:
+    gateway: Gateway
+    clock: Clock
+    events: list[Event]
+    client_in: asyncio.StreamReader
+    client_out: FakeWriter
+    upstream_out: FakeWriter
+
+    async def from_client(self, *chunks: bytes) -> None:
+        for chunk in chunks:
+            self.client_in.feed_data(chunk)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def method(value: Frame, channel: int = 1) -> bytes:
+    return pamqp_frame.marshal(value, channel)
+
+
+def publish(seq: int) -> bytes:
+    body = str(seq).encode()
+    header = pamqp_header.ContentHeader(0, len(body), commands.Basic.Properties())
+    return (
+        method(commands.Basic.Publish(exchange="", routing_key="q"))
+        + pamqp_frame.marshal(header, 1)
+        + pamqp_frame.marshal(ContentBody(body), 1)
+    )
+
+
+def start_ok(*, blocked_capable: bool) -> bytes:
+    properties = {"capabilities": {"connection.blocked": blocked_capable}}
+    return method(
+        commands.Connection.StartOk(
+            client_properties=properties, mechanism="PLAIN", response="\x00guest\x00guest"
+        ),
+        0,
+    )
+
+
+async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
+    events: list[Event] = []
+    clock = Clock()
+    gateway = Gateway(
+        GatewayConfig(flow_enforcement_timeout=1000),
+        sink=events.append,
+        clock=lambda: dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        monotonic=clock,
+    )
+    gateway.routing.declare_queue("/", "q", {})
+    gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
+    upstream_in, upstream_out = asyncio.StreamReader(), FakeWriter()
+
+    async def connect(host: str, port: int) -> tuple[Any, Any]:
+        return upstream_in, upstream_out
+
+    client_in, client_out = asyncio.StreamReader(), FakeWriter()
+    relay = Relay(gateway, client_in, client_out, connect=connect)  # type: ignore[arg-type]
+    task = asyncio.create_task(relay.run())
+    h = Harness(gateway, clock, events, client_in, client_out, upstream_out)
+    await h.from_client(
+        PROTOCOL_HEADER, start_ok(blocked_capable=blocked_capable), method(commands.Channel.Open())
+    )
+    upstream_out.data.clear()
+    yield h
+    client_in.feed_eof()
+    upstream_in.feed_eof()
+    await asyncio.wait_for(task, 5)
+
+
+@pytest_asyncio.fixture
+async def harness() -> AsyncIterator[Harness]:
+    async for h in _harness(blocked_capable=False):
+        yield h
+
+
+@pytest_asyncio.fixture
+async def capable() -> AsyncIterator[Harness]:
+    async for h in _harness(blocked_capable=True):
+        yield h
+
+
+def _publishes(frames: list[Frame]) -> int:
+    return sum(isinstance(m, commands.Basic.Publish) for m in frames)
+
+
+@pytest.mark.asyncio
+async def test_publish_within_the_timeout_is_forwarded(harness: Harness) -> None:
+    await harness.from_client(publish(0), publish(1))  # the second flows the channel
+    harness.clock.t += 1.0
+    await harness.from_client(publish(2))
+    assert _publishes(harness.upstream_out.take()) == 3
+    assert not [e for e in harness.events if isinstance(e, ChannelFlowIgnored)]
+
+
+@pytest.mark.asyncio
+async def test_publish_past_the_timeout_closes_the_channel_with_chn_1012(
+    harness: Harness,
+) -> None:
+    await harness.from_client(publish(0), publish(1))
+    harness.clock.t += 1.001
+    await harness.from_client(publish(2), publish(3))
+    upstream = harness.upstream_out.take()
+    # What came before the offending publish went upstream, then the close.
+    assert _publishes(upstream) == 2
+    assert isinstance(upstream[-1], commands.Channel.Close)
+    close = [m for m in harness.client_out.take() if isinstance(m, commands.Channel.Close)]
+    assert [c.reply_code for c in close] == [406]
+    assert "flow control ignored" in close[0].reply_text
+    ignored = [e for e in harness.events if isinstance(e, ChannelFlowIgnored)]
+    assert [e.channel for e in ignored] == [1]
+
+
+@pytest.mark.asyncio
+async def test_reading_pauses_after_the_bound_and_resumes_when_unflowed(
+    harness: Harness,
+) -> None:
+    flood = b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3))
+    await harness.from_client(flood)
+    assert _publishes(harness.upstream_out.take()) == PAUSE_MESSAGES + 3
+    await harness.from_client(publish(999))
+    assert _publishes(harness.upstream_out.take()) == 0
+    harness.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
+    await harness.from_client()
+    assert _publishes(harness.upstream_out.take()) == 1
+
+
+@pytest.mark.asyncio
+async def test_capable_client_is_sent_connection_blocked_while_paused(capable: Harness) -> None:
+    await capable.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
+    await capable.from_client(publish(999))
+    sent = capable.client_out.take()
+    assert any(isinstance(m, commands.Connection.Blocked) for m in sent)
+    capable.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
+    await capable.from_client()
+    assert any(isinstance(m, commands.Connection.Unblocked) for m in capable.client_out.take())
+
+
+@pytest.mark.asyncio
+async def test_client_without_the_capability_gets_no_connection_blocked(
+    harness: Harness,
+) -> None:
+    await harness.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
+    await harness.from_client(publish(999))
+    assert not any(isinstance(m, commands.Connection.Blocked) for m in harness.client_out.take())
