@@ -66,7 +66,9 @@ def test_metrics_match_the_admin_api_for_a_queue_with_traffic(
             after = gateway.queue(name)
             return (before, metrics) if before == after else None
 
-        queue, metrics = wait_for(consistent, what="a quiet queue to compare")
+        compared = wait_for(consistent, what="a quiet queue to compare")
+        assert compared is not None
+        queue, metrics = compared
     finally:
         connection.close()
 
