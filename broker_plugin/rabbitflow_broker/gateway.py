@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -42,6 +43,10 @@ from rabbitflow_broker.store import StoreQuota, StoreSnapshot, StoreSource
 __all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
 
 Route = frozenset[str]
+
+# RabbitMQ's default collect_statistics_interval: how stale
+# message_bytes_persistent from the management API can be.
+_STATS_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +155,12 @@ class Gateway:
         # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
         self._admin_stops: dict[tuple[str | None, str | None], None] = {}
         self._stores: dict[str, StoreQuota] = {}
+        # Per vhost: the last measured store size, and persistent bytes
+        # published through the gateway recently enough that the measurement
+        # may not show them yet (monotonic time, bytes) with their sum.
+        self._store_measured: dict[str, int] = {}
+        self._store_recent: dict[str, deque[tuple[float, int]]] = {}
+        self._store_recent_sum: dict[str, int] = {}
         #: Called with a queue whose runtime thresholds went with the queue.
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
@@ -464,16 +475,62 @@ class Gateway:
             )
         return machine
 
+    @property
+    def store_quota_on(self) -> bool:
+        """True when ``--store-overfull-size`` is set."""
+        return self.config.store_overfull_size > 0
+
+    def _store_window(self, source: StoreSource) -> float:
+        # How old a measurement can be: the poll interval, plus RabbitMQ's
+        # collect_statistics_interval (5 s by default) for the statistics.
+        poll = self.config.store_poll_interval / 1000
+        return poll + (_STATS_INTERVAL_S if source == "management" else 0.0)
+
     def observe_store(self, vhost: str, size: int, source: StoreSource) -> None:
         """A measured store size for a vhost; blocks or frees its producers on a transition.
+
+        The quota machine sees the measurement plus the persistent bytes
+        published through the gateway within the measurement's staleness
+        window (see :meth:`persistent_published`).
 
         Raises:
             ValueError: a negative size.
         """
-        machine = self.store(vhost, source)
-        machine.source = source
+        if size < 0:
+            raise ValueError(f"store size cannot be negative, got {size}")
+        self.store(vhost, source).source = source
+        self._store_measured[vhost] = size
+        self._evaluate_store(vhost)
+
+    def persistent_published(self, vhost: str, size: int) -> None:
+        """Persistent body bytes (times the queues routed to) just relayed to a vhost.
+
+        Added to the last measurement until it is older than the staleness
+        window, so the quota bites at the publish that crosses it instead
+        of seconds later; counted twice at worst (already in a measurement),
+        which only blocks early.
+        """
+        if not self.store_quota_on:
+            return
+        recent = self._store_recent.get(vhost)
+        if recent is None:
+            recent = self._store_recent[vhost] = deque()
+        recent.append((self._monotonic(), size))
+        self._store_recent_sum[vhost] = self._store_recent_sum.get(vhost, 0) + size
+        self._evaluate_store(vhost)
+
+    def _evaluate_store(self, vhost: str) -> None:
+        machine = self.store(vhost)
+        recent = self._store_recent.get(vhost)
+        pending = 0
+        if recent:
+            horizon = self._monotonic() - self._store_window(machine.source)
+            total = self._store_recent_sum[vhost]
+            while recent and recent[0][0] < horizon:
+                total -= recent.popleft()[1]
+            self._store_recent_sum[vhost] = pending = total
         was_overfull = machine.overfull
-        event = machine.observe(size, self._clock())
+        event = machine.observe(self._store_measured.get(vhost, 0) + pending, self._clock())
         if event is not None:
             self._sink(event)
         if machine.overfull != was_overfull:

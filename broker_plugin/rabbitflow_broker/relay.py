@@ -83,8 +83,8 @@ _READ_SIZE = 256 * 1024
 FLOWED_READ_SIZE = 16 * 1024
 #: A flowed channel may publish this many messages / body bytes before the
 #: relay stops reading its connection (back-pressure).
-PAUSE_MESSAGES = 100
-PAUSE_BYTES = 256 * 1024
+PAUSE_MESSAGES = 2000
+PAUSE_BYTES = 1024 * 1024
 _INTERNAL_ERROR = 541
 _CLOSE_GRACE_S = 1.0
 _EMPTY: Route = frozenset()
@@ -110,6 +110,32 @@ def _text(value: object) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return str(value) if value is not None else ""
+
+
+def persistent(payload: bytes) -> bool:
+    """Whether a basic content header says delivery mode 2, without a full decode.
+
+    The properties come in flag order: content-type and content-encoding
+    (short strings) and headers (a table) precede delivery-mode.  A
+    malformed header counts as transient; the frame reader and RabbitMQ
+    judge it.
+    """
+    if len(payload) < 14:
+        return False
+    flags = int.from_bytes(payload[12:14], "big")
+    if not flags & 0x1000:
+        return False
+    offset = 14
+    try:
+        if flags & 0x8000:
+            offset += 1 + payload[offset]
+        if flags & 0x4000:
+            offset += 1 + payload[offset]
+        if flags & 0x2000:
+            offset += 4 + int.from_bytes(payload[offset : offset + 4], "big")
+        return payload[offset] == 2
+    except IndexError:
+        return False
 
 
 def _user_from_start_ok(method: commands.Connection.StartOk) -> str:
@@ -532,7 +558,12 @@ class Relay:
             if channel is not None and channel.publish is not None:
                 info = decode_content_header(payload, want_headers=True)
                 self._client_content.header(channel_no, info.body_size)
-                self._published(channel, info.body_size, info.headers)
+                self._published(
+                    channel,
+                    info.body_size,
+                    info.headers,
+                    self.gateway.store_quota_on and persistent(payload),
+                )
             else:
                 info = decode_content_header(payload, want_headers=False)
                 self._client_content.header(channel_no, info.body_size)
@@ -680,7 +711,13 @@ class Relay:
         channel.publish = (publish.exchange, publish.routing_key)
         return True
 
-    def _published(self, channel: _Channel, size: int, headers: dict[str, object] | None) -> None:
+    def _published(
+        self,
+        channel: _Channel,
+        size: int,
+        headers: dict[str, object] | None,
+        is_persistent: bool = False,
+    ) -> None:
         assert channel.publish is not None
         exchange, routing_key = channel.publish
         channel.publish = None
@@ -693,6 +730,9 @@ class Relay:
             route = self.gateway.routing.route(vhost, exchange, routing_key, headers)
         except RoutingError:
             route = _EMPTY
+        if is_persistent and route:
+            # Counted at publish even in a transaction: early, never late.
+            self.gateway.persistent_published(vhost, size * len(route))
         if channel.tx:
             channel.tx_publishes.append((route, size))
         elif route:

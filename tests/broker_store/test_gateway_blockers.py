@@ -152,3 +152,63 @@ def test_held_confirms_sums_the_connections() -> None:
     gateway.register(first)
     gateway.register(second)
     assert gateway.held_confirms() == 7
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _quota_gateway() -> tuple[Gateway, list[Event], Clock]:
+    events: list[Event] = []
+    clock = Clock()
+    gateway = Gateway(
+        GatewayConfig(store_overfull_size=1000, store_underfull_size=500),
+        sink=events.append,
+        clock=lambda: NOW,
+        monotonic=clock,
+    )
+    return gateway, events, clock
+
+
+def test_persistent_publishes_cross_the_quota_before_the_next_measurement() -> None:
+    gateway, events, _ = _quota_gateway()
+    gateway.observe_store("/", 900, "management")
+    gateway.persistent_published("/", 101)
+    assert [type(e) for e in events] == [StoreOverfull]
+    assert gateway.vhost_blocked("/")
+
+
+def test_published_bytes_count_only_within_the_staleness_window() -> None:
+    gateway, events, clock = _quota_gateway()
+    gateway.persistent_published("/", 600)
+    clock.t += 6.5  # older than 5 s statistics + 1 s poll
+    gateway.persistent_published("/", 600)
+    assert events == []
+
+
+def test_disk_measurements_have_a_shorter_window() -> None:
+    gateway, events, clock = _quota_gateway()
+    gateway.observe_store("/", 0, "disk")
+    gateway.persistent_published("/", 600)
+    clock.t += 1.5
+    gateway.persistent_published("/", 600)
+    assert events == []
+
+
+def test_measurement_below_underfull_clears_once_recent_bytes_age_out() -> None:
+    gateway, events, clock = _quota_gateway()
+    gateway.persistent_published("/", 1500)
+    clock.t += 7
+    gateway.observe_store("/", 100, "management")
+    assert [type(e) for e in events] == [StoreOverfull, StoreUnderfull]
+
+
+def test_persistent_bytes_are_ignored_with_the_quota_off() -> None:
+    gateway, events = _gateway()
+    gateway.persistent_published("/", 10**9)
+    assert gateway.store_snapshots() == []
+    assert events == []
