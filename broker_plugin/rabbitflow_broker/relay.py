@@ -13,9 +13,10 @@ delivered message wait until that message's last body frame is written:
 AMQP forbids interleaving frames of one channel within a content.
 
 Flow control never stops the upstream→client direction, so deliveries
-and acks keep flowing to consumers while producers are blocked.
+keep flowing to consumers while producers are blocked (a client's own acks
+wait only while its reads are paused, below).
 
-Clients that ignore ``Channel.Flow(active=false)`` (issue 4): once a flowed
+Clients that ignore ``Channel.Flow(active=false)``: once a flowed
 channel has published more than :data:`PAUSE_MESSAGES` messages or
 :data:`PAUSE_BYTES` body bytes since it was flowed, the relay stops reading
 the client's socket (TCP back-pressure; ``connection.blocked`` to clients
@@ -172,7 +173,7 @@ class _Channel:
     delivery: tuple[str, int, bool] | None = None  # queue, delivery tag, no_ack
     last_queue: str = ""
     blockers: dict[str, None] = field(default_factory=dict)
-    # When the channel was flowed and how often it published since (CHN-1012, issue 4).
+    # When the channel was flowed and what it published since (CHN-1012, back-pressure).
     flowed_at: float | None = None
     publishes_while_flowed: int = 0
     bytes_while_flowed: int = 0
@@ -667,7 +668,7 @@ class Relay:
     ) -> None:
         """Close one channel towards the client and upstream; the rest go on.
 
-        Used for refused declares and (issue 4) for channels that ignore
+        Used for refused declares and for channels that ignore
         flow control (CHN-1012).  Frames the client still sends on the
         channel are dropped until its ``Channel.CloseOk``; a reopen of the
         number waits until RabbitMQ has closed its side.
