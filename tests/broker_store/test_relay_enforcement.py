@@ -127,6 +127,8 @@ async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
     )
     upstream_out.data.clear()
     yield h
+    # Unflow everything so a paused client loop reads the EOF at once.
+    gateway.queue_deleted("/", "q")
     client_in.feed_eof()
     upstream_in.feed_eof()
     await asyncio.wait_for(task, 5)
