@@ -267,11 +267,20 @@ class QueueFlow:
         self.thresholds = thresholds
         self.state = FlowState.OFF
         self.flow_stopped_count = 0
+        self._stopped_total = dt.timedelta(0)
+        self._stopped_since: dt.datetime | None = None
 
     @property
     def stopped(self) -> bool:
         """True while the queue is overfull (flow ON)."""
         return self.state is FlowState.ON
+
+    def stopped_seconds(self, now: dt.datetime) -> float:
+        """Seconds spent ON so far, the current ON period counted up to ``now``."""
+        total = self._stopped_total
+        if self._stopped_since is not None:
+            total += max(now - self._stopped_since, dt.timedelta(0))
+        return total.total_seconds()
 
     def _move(self, event: FlowInput) -> None:
         try:
@@ -289,6 +298,7 @@ class QueueFlow:
                 return None
             self._move(FlowInput.OVERFULL)
             self.flow_stopped_count += 1
+            self._stopped_since = now
             return QueueOverfull(
                 ts=now,
                 vhost=self.vhost,
@@ -301,6 +311,9 @@ class QueueFlow:
         if not t.underfull(messages, size):
             return None
         self._move(FlowInput.UNDERFULL)
+        if self._stopped_since is not None:
+            self._stopped_total += max(now - self._stopped_since, dt.timedelta(0))
+            self._stopped_since = None
         return QueueUnderfull(
             ts=now,
             vhost=self.vhost,

@@ -106,6 +106,7 @@ class QueueSnapshot:
     flow_stopped: bool
     flow_stopped_count: int
     blocked_channels: tuple[BlockedChannel, ...]
+    flow_stopped_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """Admin API JSON."""
@@ -118,6 +119,7 @@ class QueueSnapshot:
             "source": self.source,
             "flowStopped": self.flow_stopped,
             "flowStoppedCount": self.flow_stopped_count,
+            "flowStoppedSeconds": round(self.flow_stopped_seconds, 3),
             "blockedChannels": [c.to_json() for c in self.blocked_channels],
         }
 
@@ -633,6 +635,7 @@ class Gateway:
             flow_stopped=machine.stopped,
             flow_stopped_count=machine.flow_stopped_count,
             blocked_channels=blocked,
+            flow_stopped_seconds=machine.stopped_seconds(self._clock()),
         )
 
     def snapshots(self) -> list[QueueSnapshot]:

@@ -16,8 +16,8 @@ Families (labels ``vhost``, ``queue`` unless noted):
                                                       ``_resume_size_bytes``
 ``rabbitflow_queue_flow_stopped``            gauge    1 while the queue's flow is ON
 ``rabbitflow_queue_flow_stops_total``        counter  OFF→ON transitions (``flowStoppedCount``)
-``rabbitflow_queue_flow_stopped_seconds``    counter  time spent ON (only when the gateway
-``_total``                                            tracks it, see below)
+``rabbitflow_queue_flow_stopped_seconds``    counter  time spent ON (from the threshold
+``_total``                                            machine's transitions)
 ``rabbitflow_store_size_bytes``              gauge    per ``vhost``: store size
 ``rabbitflow_store_overfull``                gauge    per ``vhost``: 1 while over quota
 ``rabbitflow_store_overfull_size_bytes``     gauge    per ``vhost``: quota (0 = off); also

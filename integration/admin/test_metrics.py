@@ -61,9 +61,15 @@ def test_metrics_match_the_admin_api_for_a_queue_with_traffic(
         )
 
         def consistent() -> tuple[dict[str, Any], dict[str, float]] | None:
+            # Time spent stopped grows while the queue is ON; it is bracketed below.
             before = gateway.queue(name)
             metrics = _metrics(gateway).get(("/", name), {})
             after = gateway.queue(name)
+            seconds = metrics.get("rabbitflow_queue_flow_stopped_seconds_total", -1.0)
+            if not before["flowStoppedSeconds"] <= seconds <= after["flowStoppedSeconds"] + 0.001:
+                return None
+            before.pop("flowStoppedSeconds")
+            after.pop("flowStoppedSeconds")
             return (before, metrics) if before == after else None
 
         compared = wait_for(consistent, what="a quiet queue to compare")

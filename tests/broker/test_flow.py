@@ -108,6 +108,17 @@ def test_second_stop_counts_again() -> None:
     assert flow.flow_stopped_count == 2
 
 
+def test_time_stopped_adds_up_closed_and_current_episodes() -> None:
+    flow = _flow()
+    second = dt.timedelta(seconds=1)
+    assert flow.stopped_seconds(NOW) == 0.0
+    flow.observe(4001, 0, NOW)
+    flow.observe(0, 0, NOW + 3 * second)
+    assert flow.stopped_seconds(NOW + 10 * second) == 3.0
+    flow.observe(4001, 0, NOW + 20 * second)
+    assert flow.stopped_seconds(NOW + 22 * second) == 5.0
+
+
 def test_disabled_thresholds_never_stop() -> None:
     flow = _flow(Thresholds())
     assert flow.observe(10**9, 10**12, NOW) is None

@@ -178,5 +178,6 @@ def test_snapshot_json_has_admin_keys() -> None:
         "source",
         "flowStopped",
         "flowStoppedCount",
+        "flowStoppedSeconds",
         "blockedChannels",
     }
