@@ -18,40 +18,10 @@ from pamqp.body import ContentBody
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowIgnored, Event
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import PAUSE_MESSAGES, Relay
-
-
-class FakeWriter:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    async def wait_closed(self) -> None:
-        return None
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 50514) if name == "peername" else None
-
-    def take(self) -> list[Frame]:
-        buffer, frames = FrameReader(expect_protocol_header=False).feed(
-            bytes(self.data).removeprefix(PROTOCOL_HEADER)
-        )
-        self.data.clear()
-        return [decode_method(f.payload(buffer)) for f in frames if f.kind == 1]
+from tests.broker.fakes import FakeWriter
 
 
 class Clock:
@@ -155,7 +125,7 @@ async def test_publish_within_the_timeout_is_forwarded(harness: Harness) -> None
     await harness.from_client(publish(0), publish(1))  # the second flows the channel
     harness.clock.t += 1.0
     await harness.from_client(publish(2))
-    assert _publishes(harness.upstream_out.take()) == 3
+    assert _publishes(harness.upstream_out.take_methods()) == 3
     assert not [e for e in harness.events if isinstance(e, ChannelFlowIgnored)]
 
 
@@ -166,11 +136,11 @@ async def test_publish_past_the_timeout_closes_the_channel_with_chn_1012(
     await harness.from_client(publish(0), publish(1))
     harness.clock.t += 1.001
     await harness.from_client(publish(2), publish(3))
-    upstream = harness.upstream_out.take()
+    upstream = harness.upstream_out.take_methods()
     # What came before the offending publish went upstream, then the close.
     assert _publishes(upstream) == 2
     assert isinstance(upstream[-1], commands.Channel.Close)
-    close = [m for m in harness.client_out.take() if isinstance(m, commands.Channel.Close)]
+    close = [m for m in harness.client_out.take_methods() if isinstance(m, commands.Channel.Close)]
     assert [c.reply_code for c in close] == [406]
     assert "flow control ignored" in close[0].reply_text
     ignored = [e for e in harness.events if isinstance(e, ChannelFlowIgnored)]
@@ -183,23 +153,25 @@ async def test_reading_pauses_after_the_bound_and_resumes_when_unflowed(
 ) -> None:
     flood = b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3))
     await harness.from_client(flood)
-    assert _publishes(harness.upstream_out.take()) == PAUSE_MESSAGES + 3
+    assert _publishes(harness.upstream_out.take_methods()) == PAUSE_MESSAGES + 3
     await harness.from_client(publish(999))
-    assert _publishes(harness.upstream_out.take()) == 0
+    assert _publishes(harness.upstream_out.take_methods()) == 0
     harness.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
     await harness.from_client()
-    assert _publishes(harness.upstream_out.take()) == 1
+    assert _publishes(harness.upstream_out.take_methods()) == 1
 
 
 @pytest.mark.asyncio
 async def test_capable_client_is_sent_connection_blocked_while_paused(capable: Harness) -> None:
     await capable.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
     await capable.from_client(publish(999))
-    sent = capable.client_out.take()
+    sent = capable.client_out.take_methods()
     assert any(isinstance(m, commands.Connection.Blocked) for m in sent)
     capable.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
     await capable.from_client()
-    assert any(isinstance(m, commands.Connection.Unblocked) for m in capable.client_out.take())
+    assert any(
+        isinstance(m, commands.Connection.Unblocked) for m in capable.client_out.take_methods()
+    )
 
 
 @pytest.mark.asyncio
@@ -208,4 +180,6 @@ async def test_client_without_the_capability_gets_no_connection_blocked(
 ) -> None:
     await harness.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
     await harness.from_client(publish(999))
-    assert not any(isinstance(m, commands.Connection.Blocked) for m in harness.client_out.take())
+    assert not any(
+        isinstance(m, commands.Connection.Blocked) for m in harness.client_out.take_methods()
+    )
