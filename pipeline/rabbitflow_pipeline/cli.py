@@ -111,6 +111,11 @@ def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze
             builder.config("spark.sql.shuffle.partitions", "8")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.memory", os.environ.get("RABBITFLOW_DRIVER_MEMORY", "4g"))
+            # The pairing window buffers each key's events; past this many rows
+            # Spark moves the buffer into slower spillable pages.  A hot queue
+            # or channel has ~10^5 events in 5 M; 2^20 rows of ~250 bytes fit
+            # the 4 GiB heap.
+            .config("spark.sql.windowExec.buffer.in.memory.threshold", str(1 << 20))
         )
     spark = builder.getOrCreate()
     # Spark logs a stack trace at WARN for every input glob it resolves; keep the console useful.
@@ -201,10 +206,17 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in df.collect()]
 
 
-def _write(df: DataFrame, out: Path, name: str) -> DataFrame:
-    path = str(out / name)
-    df.write.mode("overwrite").parquet(path)
-    return df.sparkSession.read.parquet(path)
+def _write(df: DataFrame, out: Path, name: str) -> None:
+    df.write.mode("overwrite").parquet(str(out / name))
+
+
+def _materialize(df: DataFrame) -> DataFrame:
+    """Compute ``df`` once and keep its rows on the executors (a local checkpoint).
+
+    Cheaper than ``cache()`` for rows read a few times in full (no columnar
+    encoding), and it cuts the lineage so later jobs start from the rows.
+    """
+    return df.localCheckpoint(eager=True)
 
 
 def analyze(
@@ -214,12 +226,16 @@ def analyze(
     *,
     client_paths: Sequence[str] = (),
     queue_limits: Iterable[tuple[str, str, int | None, int | None]] | None = None,
+    key_hash: tf.KeyHash = F.xxhash64,
 ) -> AnalysisResult:
     """Read the logs, write every table under ``out`` and ``out/report.html``.
 
-    The event log is parsed once and cached; each table is written and read
-    back, so the report's aggregates come from compact Parquet rather than
-    from recomputed windows.
+    The event log is parsed and paired in one job whose result (the paired
+    intervals) is kept on the executors; every table is computed from that
+    or from small aggregates of it, and the report's counts and histograms
+    are observed while the tables are written.  ``key_hash`` is the pairing's
+    partition hash (:func:`rabbitflow_pipeline.transforms.flow_intervals`;
+    tests pass one that collides).
 
     Raises:
         pyspark.errors.AnalysisException: an input path matches no file.
@@ -236,71 +252,109 @@ def analyze(
 
     out.mkdir(parents=True, exist_ok=True)
     # One pass over the input: parse, count and time-bound it on the fly
-    # (observe), pair every kind of event in one shuffle, and cache only the
-    # paired intervals.
+    # (observe), pair every kind of event in one shuffle partitioned by the
+    # key hash alone, and keep only the paired intervals.
     stats = Observation("events")
-    parsed = tf.classify_events(read_events(spark, event_paths)).observe(
+    classified = tf.classify_events(read_events(spark, event_paths))
+    parsed = classified.observe(
         stats,
         F.count(F.lit(1)).alias("lines"),
         F.count("malformed_reason").alias("malformed"),
         F.min(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_start"),
         F.max(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_end"),
     )
-    intervals = tf.flow_intervals(parsed).persist()
-    intervals.count()
+    collisions = Observation("keys")
+    intervals = _materialize(tf.flow_intervals(parsed, collisions=collisions, key_hash=key_hash))
     counts = stats.get
-    phase("parse+pair+cache")
+    if collisions.get[tf.KEY_COLLISIONS_METRIC]:
+        # Two keys share a hash (astronomically rare with 64 bits): pair
+        # again with the key columns in the partition spec.
+        intervals = _materialize(tf.flow_intervals(classified, key_hash=key_hash))
+    phase("parse+pair")
 
-    episodes = _write(tf.episodes_from(intervals), out, "episodes")
-    blocks = _write(tf.channel_blocks_from(intervals), out, "channel_blocks")
-    stores = _write(tf.store_episodes_from(intervals), out, "store_episodes")
+    window_start, window_end = counts["window_start"], counts["window_end"]
+    span = (window_end - window_start).total_seconds() if window_start and window_end else None
+    window = spark.createDataFrame([(window_start, window_end, span)], WINDOW_SCHEMA)
+
+    episodes = tf.episodes_from(intervals)
+    blocks = tf.channel_blocks_from(intervals)
+    stores = tf.store_episodes_from(intervals)
+    episode_stats = Observation("episodes")
+    _write(
+        episodes.observe(
+            episode_stats,
+            F.count(F.lit(1)).alias("n"),
+            F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+        ),
+        out,
+        "episodes",
+    )
+    block_stats = Observation("channel_blocks")
+    _write(
+        blocks.observe(
+            block_stats,
+            F.count(F.lit(1)).alias("n"),
+            *tf.histogram_metrics(F.col("duration_s"), "block"),
+        ),
+        out,
+        "channel_blocks",
+    )
+    store_stats = Observation("store_episodes")
+    _write(stores.observe(store_stats, F.count(F.lit(1)).alias("n")), out, "store_episodes")
     phase("write episodes/blocks/store")
-    start_ts, end_ts = counts["window_start"], counts["window_end"]
-    span = (end_ts - start_ts).total_seconds() if start_ts and end_ts else None
-    window_row = {"window_start": start_ts, "window_end": end_ts, "window_s": span}
-    window = spark.createDataFrame([(start_ts, end_ts, span)], WINDOW_SCHEMA)
 
-    summary = _write(tf.queue_summary(episodes, blocks, window), out, "queue_summary")
+    # One aggregation of the episodes serves the summary and the advice.
+    queue_stats = _materialize(tf.queue_episode_stats(episodes, window))
+    summary = _materialize(tf.queue_summary_from(queue_stats, blocks, window))
+    _write(summary, out, "queue_summary")
     phase("queue_summary")
 
-    parsed_client = tf.parse_client_lines(read_lines(spark, client_paths)).persist()
+    parsed_client = _materialize(tf.parse_client_lines(read_lines(spark, client_paths)))
     client = tf.client_flow_records(parsed_client)
-    delays = _write(tf.send_delays(client), out, "send_delays")
+    delay_stats = Observation("send_delays")
+    waits = F.col("flow_event").isin("send_delayed", "send_failed")
+    delays = _materialize(
+        tf.send_delays(
+            client.observe(
+                delay_stats,
+                *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
+            )
+        )
+    )
+    _write(delays, out, "send_delays")
     limits = None
     if queue_limits is not None:
         limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
-    advice = _write(tf.advice(episodes, client, limits), out, "advice")
-    malformed = _write(tf.malformed_from(intervals, parsed_client), out, "malformed")
+    advice = _materialize(tf.advice_from(queue_stats, client, limits))
+    _write(advice, out, "advice")
+    malformed = _materialize(tf.malformed_from(intervals, parsed_client))
+    _write(malformed, out, "malformed")
     phase("client+advice+malformed")
 
-    top = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(TIMELINE_QUEUES)
+    by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
+    top = by_overfull.limit(TIMELINE_QUEUES)
     timeline = tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS)
-    client_waits = client.where(F.col("flow_event").isin("send_delayed", "send_failed")).select(
-        (F.col("waited_ms") / 1000.0).alias("waited_s")
-    )
-    episode_counts = episodes.agg(
-        F.count(F.lit(1)).alias("n"), F.sum(F.col("open").cast("long")).alias("open")
-    ).collect()[0]
+    episode_counts = episode_stats.get
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]),
         "malformed lines": int(counts["malformed"]),
         "queues with episodes": summary.where(F.col("flow_stopped_count") > 0).count(),
         "flow episodes": int(episode_counts["n"]),
-        "open episodes": int(episode_counts["open"] or 0),
-        "channel blocks": blocks.count(),
-        "store episodes": stores.count(),
+        "open episodes": int(episode_counts["open"]),
+        "channel blocks": int(block_stats.get["n"]),
+        "store episodes": int(store_stats.get["n"]),
     }
     data = ReportData(
         inputs=list(event_paths) + list(client_paths),
-        window_start=window_row["window_start"],
-        window_end=window_row["window_end"],
+        window_start=window_start,
+        window_end=window_end,
         totals=totals,
-        summary=_rows(summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue").limit(50)),
+        summary=_rows(by_overfull.limit(50)),
         timeline=_rows(timeline),
         timeline_buckets=TIMELINE_BUCKETS,
         timeline_queues=_rows(top.select("vhost", "queue")),
-        block_histogram=_rows(tf.duration_histogram(blocks, "duration_s")),
-        delay_histogram=_rows(tf.duration_histogram(client_waits, "waited_s")),
+        block_histogram=tf.histogram_rows(block_stats.get, "block"),
+        delay_histogram=tf.histogram_rows(delay_stats.get, "delay"),
         advice=_rows(
             advice.orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")).limit(100)
         ),
@@ -310,8 +364,6 @@ def analyze(
     )
     (out / "report.html").write_text(render_report(data), encoding="utf-8")
     phase("report")
-    intervals.unpersist()
-    parsed_client.unpersist()
     return AnalysisResult(
         out=out,
         events=totals["events"],

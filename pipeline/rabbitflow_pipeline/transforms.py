@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -48,7 +49,10 @@ from rabbitflow_pipeline.schemas import (
 
 __all__ = [
     "DEFAULT_HISTOGRAM_EDGES_S",
+    "KEY_COLLISIONS_METRIC",
+    "KeyHash",
     "advice",
+    "advice_from",
     "channel_blocks",
     "channel_blocks_from",
     "classify_events",
@@ -57,13 +61,17 @@ __all__ = [
     "episode_timeline",
     "episodes_from",
     "flow_intervals",
+    "histogram_metrics",
+    "histogram_rows",
     "malformed_from",
     "malformed_summary",
     "observed_window",
     "parse_client_lines",
     "parse_event_lines",
+    "queue_episode_stats",
     "queue_episodes",
     "queue_summary",
+    "queue_summary_from",
     "send_delays",
     "store_episodes",
     "store_episodes_from",
@@ -224,10 +232,84 @@ def _count_malformed(gateway: DataFrame, parsed_client: DataFrame | None) -> Dat
 
 
 _OPEN_CODES = (_QUEUE_OPEN, _CHANNEL_OPEN, _STORE_OPEN)
-_CLOSE_CODES = (_QUEUE_CLOSE, *_CHANNEL_CLOSE, _STORE_CLOSE)
+
+# Internal kind numbers: a tinyint travels through the shuffle, the name is
+# put on at the end.
+_MALFORMED, _QUEUE, _CHANNEL, _STORE = 0, 1, 2, 3
+_KIND_NAMES = {_MALFORMED: "malformed", _QUEUE: "queue", _CHANNEL: "channel", _STORE: "store"}
+_KIND_PREFIXES = {"QUE-": _QUEUE, "CHN-": _CHANNEL, "MST-": _STORE}
+
+#: Name of the :class:`~pyspark.sql.Observation` metric :func:`flow_intervals`
+#: reports when it partitions by the key hash alone.
+KEY_COLLISIONS_METRIC = "key_collisions"
+
+#: A column function hashing the key columns to a long (``F.xxhash64``).
+KeyHash = Callable[..., Column]
+
+# Columns only an opening event contributes to an interval, and only a
+# closing one: each is nulled on the other kind of event before the shuffle.
+_OPEN_ONLY = (
+    "user",
+    "remote_host",
+    "remote_port",
+    "store",
+    "capacity",
+    "overfull_size",
+    "underfull_size",
+)
+_CLOSE_ONLY = ("resume_capacity",)
+# What the next event of the key contributes as the interval's end.
+_END_COLUMNS = {
+    "end": "ts",
+    "_end_code": "_code",
+    "end_messages": "messages",
+    "end_size": "size",
+    "resume_count": "message_capacity",
+    "resume_size": "resume_capacity",
+}
 
 
-def flow_intervals(parsed: DataFrame) -> DataFrame:
+def _code_number(code: Column) -> Column:
+    """``code``'s index in :data:`EVENT_CODES` (a tinyint), null for any other text."""
+    number: Column = F.lit(None).cast("tinyint")
+    for index, name in enumerate(EVENT_CODES):
+        number = F.when(code == F.lit(name), F.lit(index).cast("tinyint")).otherwise(number)
+    return number
+
+
+def _code_text(number: Column) -> Column:
+    return F.get(F.array(*(F.lit(name) for name in EVENT_CODES)), number.cast("int"))
+
+
+def _is_opening(number: Column) -> Column:
+    opening = [EVENT_CODES.index(code) for code in _OPEN_CODES]
+    return F.coalesce(number.isin(*opening), F.lit(False))
+
+
+def _key_parts(col: Callable[[str], Column]) -> list[Column]:
+    """The pairing key of an event: its kind, then the columns that kind is keyed by.
+
+    ``col`` maps a column name to the column (or to the previous row's
+    column, to compare neighbours).  Columns a kind is not keyed by are null.
+    """
+    kind = col("_kind")
+    return [
+        kind,
+        F.when(kind.isin(_QUEUE, _STORE), col("vhost")),
+        F.when(kind == _QUEUE, col("queue")),
+        F.when(kind.isin(_MALFORMED, _CHANNEL), col("source")),
+        F.when(kind == _CHANNEL, col("connection")),
+        F.when(kind == _CHANNEL, col("channel")),
+        F.when(kind == _MALFORMED, col("_reason")),
+    ]
+
+
+def flow_intervals(
+    parsed: DataFrame,
+    *,
+    collisions: Observation | None = None,
+    key_hash: KeyHash = F.xxhash64,
+) -> DataFrame:
     """Pair every opening event with the next closing event of its key, in one pass.
 
     ``parsed`` is :func:`parse_event_lines` output (malformed rows allowed:
@@ -238,60 +320,113 @@ def flow_intervals(parsed: DataFrame) -> DataFrame:
     closing event with nothing open is ignored.  All kinds share one window
     spec, so Spark shuffles and sorts the events once; the per-table
     functions below select from this.
+
+    How: each event looks at its neighbours in (``ts``, ``seq``) order.  An
+    opening event whose predecessor is not an opening one starts an
+    interval, and ends at its successor when that is a closing event (or
+    stays open when there is none).  Only a run of repeated opening events
+    needs more: a second window over the run starts and run ends alone
+    gives the run's start the end its last opening event saw.  Rows are
+    narrowed before the shuffle: codes travel as numbers, and columns only
+    the other end of an interval uses are nulled.
+
+    The window is partitioned by a 64-bit hash of the key (``key_hash``,
+    xxhash64).  By default the key columns follow the hash in the partition
+    spec, so keys never merge, at the price of comparing them in the sort
+    for every pair of events of one key.  With ``collisions`` the hash
+    alone partitions and events sort by (hash, ``ts``, ``seq``), which is
+    faster; each event is then compared with its predecessor and the
+    observation's metric :data:`KEY_COLLISIONS_METRIC` counts events whose
+    predecessor has the same hash but another key.  Zero means every hash
+    partition held one key and the result is exact; anything else means two
+    keys share a hash and the caller must compute again without
+    ``collisions`` (``rabbitflow-analyze`` does).
     """
     reason = (
         F.col("malformed_reason")
         if "malformed_reason" in parsed.columns
         else F.lit(None).cast("string")
     )
-    code = F.col("code")
-    kind = (
-        F.when(reason.isNotNull(), "malformed")
-        .when(code.startswith("QUE-"), "queue")
-        .when(code.startswith("CHN-"), "channel")
-        .when(code.startswith("MST-"), "store")
-    )
-    keyed = parsed.select(
-        "*",
+    number = _code_number(F.col("code"))
+    kind: Column = F.lit(None).cast("tinyint")
+    for prefix, value in _KIND_PREFIXES.items():
+        kind = F.when(F.col("code").startswith(prefix), F.lit(value)).otherwise(kind)
+    kind = F.when(reason.isNotNull(), F.lit(_MALFORMED)).otherwise(kind).cast("tinyint")
+    opening = _is_opening(number)
+    typed = parsed.select(
+        "ts",
+        "seq",
+        number.alias("_code"),
+        kind.alias("_kind"),
         reason.alias("_reason"),
-        kind.alias("kind"),
-    ).select(
-        "*",
-        F.when(F.col("kind").isin("queue", "store"), F.col("vhost")).alias("_k_vhost"),
-        F.when(F.col("kind") == "queue", F.col("queue")).alias("_k_queue"),
-        F.when(F.col("kind").isin("channel", "malformed"), F.col("source")).alias("_k_source"),
-        F.when(F.col("kind") == "channel", F.col("connection")).alias("_k_connection"),
-        F.when(F.col("kind") == "channel", F.col("channel")).alias("_k_channel"),
-        F.when(F.col("kind") == "malformed", F.col("_reason")).alias("_k_reason"),
-        code.isin(*_OPEN_CODES).alias("_is_open"),
+        # A channel's vhost is only reported with the block (its opening event).
+        F.when(opening | (kind != F.lit(_CHANNEL)), F.col("vhost")).alias("vhost"),
+        "queue",
+        "source",
+        "connection",
+        "channel",
+        "size",
+        "messages",
+        "message_capacity",
+        *(F.when(opening, F.col(c)).alias(c) for c in _OPEN_ONLY),
+        *(F.when(~opening, F.col(c)).alias(c) for c in _CLOSE_ONLY),
     )
-    keys = ("kind", "_k_vhost", "_k_queue", "_k_source", "_k_connection", "_k_channel", "_k_reason")
-    # A 64-bit hash of the key leads the partition spec so the sort's
-    # binary prefix tells almost all keys apart (a leading low-cardinality
-    # string would force full-row comparisons); the key columns follow, so
-    # a hash collision cannot merge two keys.
-    keyed = keyed.withColumn("_k_hash", F.xxhash64(*keys))
-    window = Window.partitionBy("_k_hash", *keys).orderBy("ts", "seq")
-    malformed = F.col("kind") == "malformed"
-    marked = keyed.withColumn(
-        "_prev_open", F.coalesce(F.lag("_is_open").over(window), F.lit(False))
+    keyed = typed.select("*", key_hash(*_key_parts(F.col)).alias("_k_hash"))
+    if collisions is None:
+        # A 64-bit hash of the key leads the partition spec so the sort's
+        # binary prefix tells almost all keys apart; the key columns follow,
+        # so a hash collision cannot merge two keys.
+        parts = _key_parts(F.col)
+        key_names = [f"_k{i}" for i in range(len(parts))]
+        keyed = keyed.select("*", *(p.alias(n) for p, n in zip(parts, key_names, strict=True)))
+        window = Window.partitionBy("_k_hash", *key_names).orderBy("ts", "seq")
+    else:
+        window = Window.partitionBy("_k_hash").orderBy("ts", "seq")
+
+    malformed = F.col("_kind") == F.lit(_MALFORMED)
+    is_open = _is_opening(F.col("_code"))
+    neighbours = [
+        _is_opening(F.lag("_code").over(window)).alias("_prev_open"),
+        _is_opening(F.lead("_code").over(window)).alias("_next_open"),
+        *(F.lead(source).over(window).alias(f"_n{name}") for name, source in _END_COLUMNS.items()),
+    ]
+    if collisions is not None:
+
+        def previous(name: str) -> Column:
+            return F.lag(name).over(window)
+
+        same_key = F.lit(True)
+        for mine, theirs in zip(_key_parts(F.col), _key_parts(previous), strict=True):
+            same_key = same_key & mine.eqNullSafe(theirs)
+        neighbours.append((previous("_kind").isNotNull() & ~same_key).alias("_clash"))
+    marked = keyed.select("*", *neighbours)
+    if collisions is not None:
+        # Observed metrics cannot hold window functions: flag first, then count.
+        marked = marked.observe(
+            collisions, F.count(F.when(F.col("_clash"), F.lit(1))).alias(KEY_COLLISIONS_METRIC)
+        )
+    starts = is_open & ~F.col("_prev_open")
+    run_end = is_open & F.col("_prev_open") & ~F.col("_next_open")
+    kept = marked.where(malformed | starts | run_end)
+    # The start of a run of opening events takes the end its run's last
+    # opening event saw: the next kept row of the key.
+    ended = kept.select(
+        *kept.columns,
+        *(
+            F.when(
+                ~malformed,
+                F.when(F.col("_next_open"), F.lead(f"_n{name}").over(window)).otherwise(
+                    F.col(f"_n{name}")
+                ),
+            ).alias(name)
+            for name in _END_COLUMNS
+        ),
     )
-    boundaries = marked.where(malformed | (F.col("_is_open") != F.col("_prev_open")))
-    ends = {
-        "end": F.col("ts"),
-        "closed_by": F.col("code"),
-        "end_messages": F.col("messages"),
-        "end_size": F.col("size"),
-        "resume_count": F.col("message_capacity"),
-        "resume_size": F.col("resume_capacity"),
-    }
-    # Malformed rows share the pass only to be counted: they have no end.
-    with_end = boundaries.select(
-        *(c for c in boundaries.columns),
-        *(F.when(~malformed, F.lead(expr).over(window)).alias(name) for name, expr in ends.items()),
-    )
-    return with_end.where(malformed | F.col("_is_open")).select(
-        "kind",
+    kind_name: Column = F.lit(None).cast("string")
+    for value, name in _KIND_NAMES.items():
+        kind_name = F.when(F.col("_kind") == F.lit(value), F.lit(name)).otherwise(kind_name)
+    return ended.where(malformed | starts).select(
+        kind_name.alias("kind"),
         "vhost",
         "queue",
         "source",
@@ -310,7 +445,7 @@ def flow_intervals(parsed: DataFrame) -> DataFrame:
         F.col("capacity").alias("stop_size"),
         "overfull_size",
         "underfull_size",
-        "closed_by",
+        _code_text(F.col("_end_code")).alias("closed_by"),
         "end_messages",
         "end_size",
         "resume_count",
@@ -375,6 +510,63 @@ def observed_window(events: DataFrame) -> DataFrame:
     ).withColumn("window_s", _seconds_between(F.col("window_start"), F.col("window_end")))
 
 
+def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) -> DataFrame:
+    """Per (vhost, queue) with episodes: what :func:`queue_summary` and :func:`advice` aggregate.
+
+    One pass over the episodes (the job computes it once and feeds both).
+    Columns: ``vhost``, ``queue``, ``flow_stopped_count``,
+    ``time_overfull_s`` (an open episode counts to the end of ``window``;
+    null without a window), ``open_episodes``, ``duration_p50_s``,
+    ``duration_p95_s``, ``duration_max_s`` (exact, closed episodes), the
+    latest episode's ``stop_count`` and ``stop_size``, the latest closed
+    episode's ``resume_count`` and ``resume_size``, and
+    ``drain_rate_msgs_s`` (median over closed episodes of
+    ``(start_messages - end_messages) / duration_s``).
+    """
+    if window is not None:
+        effective = episodes.crossJoin(F.broadcast(window)).select(
+            *episodes.columns,
+            F.coalesce(
+                F.col("duration_s"), _seconds_between(F.col("start"), F.col("window_end"))
+            ).alias("_overfull_s"),
+        )
+    else:
+        effective = episodes.select("*", F.lit(None).cast("double").alias("_overfull_s"))
+    drain_rate = F.when(
+        (F.col("duration_s") > 0) & (F.col("start_messages") >= F.col("end_messages")),
+        (F.col("start_messages") - F.col("end_messages")) / F.col("duration_s"),
+    )
+    closed_start = F.when(~F.col("open"), F.col("start"))
+    stats = effective.groupBy("vhost", "queue").agg(
+        F.count(F.lit(1)).alias("flow_stopped_count"),
+        F.sum("_overfull_s").alias("time_overfull_s"),
+        F.sum(F.col("open").cast("long")).alias("open_episodes"),
+        # Both percentiles from one buffer of the durations.
+        F.percentile("duration_s", F.array(F.lit(0.5), F.lit(0.95))).alias("_durations"),
+        F.max("duration_s").alias("duration_max_s"),
+        F.max_by("stop_count", "start").alias("stop_count"),
+        F.max_by("stop_size", "start").alias("stop_size"),
+        F.max_by("resume_count", closed_start).alias("resume_count"),
+        F.max_by("resume_size", closed_start).alias("resume_size"),
+        F.percentile(drain_rate, F.lit(0.5)).alias("drain_rate_msgs_s"),
+    )
+    return stats.select(
+        "vhost",
+        "queue",
+        "flow_stopped_count",
+        "time_overfull_s",
+        "open_episodes",
+        F.col("_durations")[0].alias("duration_p50_s"),
+        F.col("_durations")[1].alias("duration_p95_s"),
+        "duration_max_s",
+        "stop_count",
+        "stop_size",
+        "resume_count",
+        "resume_size",
+        "drain_rate_msgs_s",
+    )
+
+
 def queue_summary(episodes: DataFrame, blocks: DataFrame, window: DataFrame) -> DataFrame:
     """Per (vhost, queue): flow stops, time overfull, episode durations, channels blocked.
 
@@ -386,21 +578,11 @@ def queue_summary(episodes: DataFrame, blocks: DataFrame, window: DataFrame) -> 
     blocked on the queue; store/admin blocks (``** All Queues **``) are not
     attributed to a queue.
     """
-    w = F.broadcast(window)
-    effective = episodes.crossJoin(w).select(
-        "*",
-        F.coalesce(
-            F.col("duration_s"), _seconds_between(F.col("start"), F.col("window_end"))
-        ).alias("_overfull_s"),
-    )
-    per_queue = effective.groupBy("vhost", "queue").agg(
-        F.count(F.lit(1)).alias("flow_stopped_count"),
-        F.sum("_overfull_s").alias("time_overfull_s"),
-        F.sum(F.col("open").cast("long")).alias("open_episodes"),
-        F.percentile("duration_s", F.lit(0.5)).alias("duration_p50_s"),
-        F.percentile("duration_s", F.lit(0.95)).alias("duration_p95_s"),
-        F.max("duration_s").alias("duration_max_s"),
-    )
+    return queue_summary_from(queue_episode_stats(episodes, window), blocks, window)
+
+
+def queue_summary_from(stats: DataFrame, blocks: DataFrame, window: DataFrame) -> DataFrame:
+    """:func:`queue_summary` from :func:`queue_episode_stats` (computed with ``window``)."""
     per_channel = (
         blocks.where(F.col("queue") != ALL_QUEUES)
         .groupBy("vhost", "queue")
@@ -409,7 +591,19 @@ def queue_summary(episodes: DataFrame, blocks: DataFrame, window: DataFrame) -> 
             F.count(F.lit(1)).alias("channel_blocks"),
         )
     )
-    joined = per_queue.join(per_channel, ["vhost", "queue"], "full_outer").crossJoin(w)
+    per_queue = stats.select(
+        "vhost",
+        "queue",
+        "flow_stopped_count",
+        "time_overfull_s",
+        "open_episodes",
+        "duration_p50_s",
+        "duration_p95_s",
+        "duration_max_s",
+    )
+    joined = per_queue.join(per_channel, ["vhost", "queue"], "full_outer").crossJoin(
+        F.broadcast(window)
+    )
     time_overfull = F.coalesce(F.col("time_overfull_s"), F.lit(0.0))
     return joined.select(
         "vhost",
@@ -448,6 +642,19 @@ def send_delays(client: DataFrame) -> DataFrame:
     )
 
 
+def _check_edges(edges: Sequence[float]) -> None:
+    if not edges or any(b <= a for a, b in itertools.pairwise(edges)):
+        raise ValueError(f"histogram edges must be increasing, got {list(edges)!r}")
+
+
+def _bucket(value: Column, edges: Sequence[float]) -> Column:
+    """The index of the last edge ``value`` reaches; null below the first edge or for null."""
+    bucket: Column = F.lit(None).cast("int")
+    for index in range(len(edges)):
+        bucket = F.when(value >= F.lit(float(edges[index])), F.lit(index)).otherwise(bucket)
+    return bucket
+
+
 def duration_histogram(
     durations: DataFrame, column: str, edges: Sequence[float] = DEFAULT_HISTOGRAM_EDGES_S
 ) -> DataFrame:
@@ -459,15 +666,11 @@ def duration_histogram(
     Raises:
         ValueError: fewer than one edge, or edges not increasing.
     """
-    if not edges or any(b <= a for a, b in itertools.pairwise(edges)):
-        raise ValueError(f"histogram edges must be increasing, got {list(edges)!r}")
+    _check_edges(edges)
     value = F.col(column)
-    bucket: Column = F.lit(None).cast("int")
-    for index in range(len(edges)):
-        bucket = F.when(value >= F.lit(float(edges[index])), F.lit(index)).otherwise(bucket)
     counts = (
         durations.where(value.isNotNull() & (value >= F.lit(float(edges[0]))))
-        .select(bucket.alias("bucket"))
+        .select(_bucket(value, edges).alias("bucket"))
         .groupBy("bucket")
         .agg(F.count(F.lit(1)).alias("count"))
     )
@@ -482,6 +685,41 @@ def duration_histogram(
     return buckets.join(F.broadcast(counts), "bucket", "left").select(
         "bucket", "lower_s", "upper_s", F.coalesce(F.col("count"), F.lit(0)).alias("count")
     )
+
+
+def histogram_metrics(
+    value: Column, name: str, edges: Sequence[float] = DEFAULT_HISTOGRAM_EDGES_S
+) -> list[Column]:
+    """Aggregate columns counting ``value`` per bucket, for :meth:`DataFrame.observe`.
+
+    The same buckets as :func:`duration_histogram`, counted while another
+    action (a table write) reads the rows; :func:`histogram_rows` turns the
+    observed metrics into that function's rows.
+
+    Raises:
+        ValueError: fewer than one edge, or edges not increasing.
+    """
+    _check_edges(edges)
+    bucket = _bucket(value, edges)
+    return [
+        F.count(F.when(bucket == F.lit(i), F.lit(1))).alias(f"{name}_{i}")
+        for i in range(len(edges))
+    ]
+
+
+def histogram_rows(
+    metrics: Mapping[str, Any], name: str, edges: Sequence[float] = DEFAULT_HISTOGRAM_EDGES_S
+) -> list[dict[str, Any]]:
+    """The rows of :func:`duration_histogram` from :func:`histogram_metrics`' observed values."""
+    return [
+        {
+            "bucket": i,
+            "lower_s": float(lo),
+            "upper_s": float(edges[i + 1]) if i + 1 < len(edges) else None,
+            "count": int(metrics[f"{name}_{i}"]),
+        }
+        for i, lo in enumerate(edges)
+    ]
 
 
 def episode_timeline(
@@ -577,20 +815,33 @@ def advice(
     Raises:
         ValueError: ``target_block_s`` is not positive.
     """
+    return advice_from(queue_episode_stats(episodes), client, limits, target_block_s=target_block_s)
+
+
+def advice_from(
+    stats: DataFrame,
+    client: DataFrame | None,
+    limits: DataFrame | None,
+    *,
+    target_block_s: float = 5.0,
+) -> DataFrame:
+    """:func:`advice` from :func:`queue_episode_stats`.
+
+    Raises:
+        ValueError: ``target_block_s`` is not positive.
+    """
     if not target_block_s > 0 or math.isinf(target_block_s):
         raise ValueError(f"target_block_s must be a positive number, got {target_block_s}")
-    drain_rate = F.when(
-        (F.col("duration_s") > 0) & (F.col("start_messages") >= F.col("end_messages")),
-        (F.col("start_messages") - F.col("end_messages")) / F.col("duration_s"),
-    )
-    per_queue = episodes.groupBy("vhost", "queue").agg(
-        F.max_by("stop_count", "start").alias("stop_count"),
-        F.max_by("stop_size", "start").alias("stop_size"),
-        F.max_by("resume_count", F.when(~F.col("open"), F.col("start"))).alias("resume_count"),
-        F.max_by("resume_size", F.when(~F.col("open"), F.col("start"))).alias("resume_size"),
-        F.count(F.lit(1)).alias("episodes"),
-        F.percentile(drain_rate, F.lit(0.5)).alias("drain_rate_msgs_s"),
-        F.percentile("duration_s", F.lit(0.5)).alias("blocked_p50_s"),
+    per_queue = stats.select(
+        "vhost",
+        "queue",
+        "stop_count",
+        "stop_size",
+        "resume_count",
+        "resume_size",
+        F.col("flow_stopped_count").alias("episodes"),
+        "drain_rate_msgs_s",
+        F.col("duration_p50_s").alias("blocked_p50_s"),
     )
     per_queue = per_queue.withColumn("destination", F.concat(F.lit("queue://"), F.col("queue")))
     if client is not None:

@@ -1,0 +1,146 @@
+"""Pairing partitioned by the key hash alone, runs of repeated opens, observed histograms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.schemas import ALL_QUEUES, EPISODES_SCHEMA
+
+from .logs import (
+    GW_A,
+    GW_B,
+    at,
+    enforced,
+    ignored,
+    line,
+    lines_df,
+    over,
+    removed,
+    store_over,
+    store_under,
+    under,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def colliding_hash(*columns: Column) -> Column:
+    """Every key hashes alike: the worst case a 64-bit hash could produce."""
+    return F.lit(7).cast("long")
+
+
+def mixed_log(spark: SparkSession) -> DataFrame:
+    """Every kind of event, two gateways, interleaved keys, repeats and a malformed line."""
+    return tf.parse_event_lines(
+        lines_df(
+            spark,
+            [
+                (GW_A, line(under(1, "a"))),  # stray close: ignored
+                (GW_A, line(over(2, "a"))),
+                (GW_A, line(enforced(3, 7, 1, "a"))),
+                (GW_A, line(over(4, "a", messages=950))),  # repeated open
+                (GW_A, line(over(5, "b"))),
+                (GW_A, line(over(6, "a", messages=990))),  # repeated again
+                (GW_A, "{not json"),
+                (GW_A, line(under(9, "a", messages=400))),
+                (GW_A, line(removed(9, 7, 1))),
+                (GW_A, line(under(10, "a"))),  # stray close
+                (GW_A, line(store_over(11))),
+                (GW_B, line(enforced(3, 7, 1, ALL_QUEUES))),  # same channel, other gateway
+                (GW_B, line(under(12, "b", messages=300))),
+                (GW_B, line(ignored(13, 7, 1))),
+                (GW_B, line(over(14, "a"))),
+                (GW_B, line(over(15, "a"))),  # a run left open at the end
+                (GW_A, line(store_under(16))),
+                (GW_A, line(enforced(17, 7, 1, "a"))),
+            ],
+        )
+    )
+
+
+def sorted_rows(df: DataFrame) -> list[tuple[object, ...]]:
+    return sorted((tuple(r) for r in df.collect()), key=repr)
+
+
+def test_hash_partitioned_pairing_equals_the_exact_one(spark: SparkSession) -> None:
+    parsed = mixed_log(spark)
+    collisions = Observation("keys")
+    fast = tf.flow_intervals(parsed, collisions=collisions)
+    assert sorted_rows(fast) == sorted_rows(tf.flow_intervals(parsed))
+    assert collisions.get == {tf.KEY_COLLISIONS_METRIC: 0}
+
+
+def test_a_run_of_repeated_opens_keeps_its_first_numbers_and_ends_at_the_next_close(
+    spark: SparkSession,
+) -> None:
+    episodes = tf.episodes_from(tf.flow_intervals(mixed_log(spark), collisions=Observation()))
+    expected = spark.createDataFrame(
+        [
+            ("/", "a", at(2), at(9), 7.0, False, 901, 9010, 900, 0, 400, 4990, 500, 0),
+            ("/", "b", at(5), at(12), 7.0, False, 901, 9010, 900, 0, 300, 4990, 500, 0),
+            ("/", "a", at(14), None, None, True, 901, 9010, 900, 0, None, None, None, None),
+        ],
+        EPISODES_SCHEMA,
+    )
+    assertDataFrameEqual(episodes, expected)
+
+
+def test_colliding_hashes_are_counted_and_the_exact_pairing_still_holds(
+    spark: SparkSession,
+) -> None:
+    parsed = mixed_log(spark)
+    collisions = Observation("keys")
+    tf.flow_intervals(parsed, collisions=collisions, key_hash=colliding_hash).count()
+    assert collisions.get[tf.KEY_COLLISIONS_METRIC] > 0
+    assert sorted_rows(tf.flow_intervals(parsed, key_hash=colliding_hash)) == sorted_rows(
+        tf.flow_intervals(parsed)
+    )
+
+
+def test_analyze_pairs_again_when_hashes_collide(spark: SparkSession, tmp_path: Path) -> None:
+    log = tmp_path / "gw.jsonl"
+    log.write_text(
+        "\n".join(
+            line(e)
+            for e in [
+                over(0, "a"),
+                enforced(1, 7, 1, "a"),
+                over(2, "b"),
+                removed(5, 7, 1),
+                under(6, "a"),
+                under(8, "b"),
+                over(9, "a"),
+            ]
+        )
+        + "\n"
+    )
+    normal = analyze(spark, [str(log)], tmp_path / "normal")
+    collided = analyze(spark, [str(log)], tmp_path / "collided", key_hash=colliding_hash)
+    assert (collided.events, collided.episodes) == (normal.events, normal.episodes) == (7, 3)
+    for table in TABLES:
+        assertDataFrameEqual(
+            spark.read.parquet(str(tmp_path / "collided" / table)),
+            spark.read.parquet(str(tmp_path / "normal" / table)),
+        )
+
+
+def test_observed_histogram_equals_the_histogram_table(spark: SparkSession) -> None:
+    df = spark.createDataFrame([(0.5,), (1.0,), (4.9,), (100.0,), (None,), (-1.0,)], "d double")
+    edges = (0, 1, 5)
+    observed = Observation("h")
+    df.observe(observed, *tf.histogram_metrics(F.col("d"), "d", edges)).count()
+    assert tf.histogram_rows(observed.get, "d", edges) == [
+        row.asDict() for row in tf.duration_histogram(df, "d", edges).orderBy("bucket").collect()
+    ]
+
+
+def test_histogram_metrics_refuse_unordered_edges() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        tf.histogram_metrics(F.col("d"), "d", (1, 1))
