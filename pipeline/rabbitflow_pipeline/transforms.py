@@ -516,22 +516,26 @@ def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) ->
     One pass over the episodes (the job computes it once and feeds both).
     Columns: ``vhost``, ``queue``, ``flow_stopped_count``,
     ``time_overfull_s`` (an open episode counts to the end of ``window``;
-    null without a window), ``open_episodes``, ``duration_p50_s``,
+    summed in whole microseconds, so independent of partitioning; null
+    without a window), ``open_episodes``, ``duration_p50_s``,
     ``duration_p95_s``, ``duration_max_s`` (exact, closed episodes), the
     latest episode's ``stop_count`` and ``stop_size``, the latest closed
     episode's ``resume_count`` and ``resume_size``, and
     ``drain_rate_msgs_s`` (median over closed episodes of
     ``(start_messages - end_messages) / duration_s``).
     """
+    # Time overfull is summed in whole microseconds: exact, so the total does
+    # not depend on the order Spark happens to add the episodes in.
     if window is not None:
         effective = episodes.crossJoin(F.broadcast(window)).select(
             *episodes.columns,
-            F.coalesce(
-                F.col("duration_s"), _seconds_between(F.col("start"), F.col("window_end"))
-            ).alias("_overfull_s"),
+            (
+                F.unix_micros(F.coalesce(F.col("end"), F.col("window_end")))
+                - F.unix_micros(F.col("start"))
+            ).alias("_overfull_us"),
         )
     else:
-        effective = episodes.select("*", F.lit(None).cast("double").alias("_overfull_s"))
+        effective = episodes.select("*", F.lit(None).cast("long").alias("_overfull_us"))
     drain_rate = F.when(
         (F.col("duration_s") > 0) & (F.col("start_messages") >= F.col("end_messages")),
         (F.col("start_messages") - F.col("end_messages")) / F.col("duration_s"),
@@ -539,7 +543,7 @@ def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) ->
     closed_start = F.when(~F.col("open"), F.col("start"))
     stats = effective.groupBy("vhost", "queue").agg(
         F.count(F.lit(1)).alias("flow_stopped_count"),
-        F.sum("_overfull_s").alias("time_overfull_s"),
+        (F.sum("_overfull_us") / F.lit(1_000_000.0)).alias("time_overfull_s"),
         F.sum(F.col("open").cast("long")).alias("open_episodes"),
         # Both percentiles from one buffer of the durations.
         F.percentile("duration_s", F.array(F.lit(0.5), F.lit(0.95))).alias("_durations"),

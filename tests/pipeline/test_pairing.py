@@ -144,3 +144,24 @@ def test_observed_histogram_equals_the_histogram_table(spark: SparkSession) -> N
 def test_histogram_metrics_refuse_unordered_edges() -> None:
     with pytest.raises(ValueError, match="increasing"):
         tf.histogram_metrics(F.col("d"), "d", (1, 1))
+
+
+def test_time_overfull_is_summed_exactly(spark: SparkSession) -> None:
+    # 0.1 s + 0.2 s: a sum of doubles gives 0.30000000000000004.
+    events = tf.valid_events(
+        tf.parse_event_lines(
+            lines_df(
+                spark,
+                [
+                    (GW_A, line(over(0, "a"))),
+                    (GW_A, line(under(0.1, "a"))),
+                    (GW_A, line(over(1, "a"))),
+                    (GW_A, line(under(1.2, "a"))),
+                ],
+            )
+        )
+    )
+    summary = tf.queue_summary(
+        tf.queue_episodes(events), tf.channel_blocks(events), tf.observed_window(events)
+    )
+    assert summary.select("time_overfull_s").collect()[0][0] == 0.3
