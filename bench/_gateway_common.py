@@ -2,7 +2,7 @@
 
 API:
 
-``GatewayProcess(upstream, management_url, *, profile=None)``
+``GatewayProcess(upstream, management_url, *, profile=None, event_loop="auto")``
     ``rabbitflow-broker`` as a subprocess on free ports (``.url``,
     ``.admin_url``); a context manager that stops it with SIGINT.  With
     ``profile=PATH`` it runs under cProfile and writes the stats there.
@@ -57,7 +57,14 @@ class BenchError(RuntimeError):
 class GatewayProcess:
     """``rabbitflow-broker`` in a subprocess on free ports."""
 
-    def __init__(self, upstream: str, management_url: str, *, profile: str | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        management_url: str,
+        *,
+        profile: str | None = None,
+        event_loop: str = "auto",
+    ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
         command = [sys.executable]
@@ -76,6 +83,8 @@ class GatewayProcess:
             management_url,
             "--log-format",
             "json",
+            "--event-loop",
+            event_loop,
         ]
         self._command = command
         self._process: subprocess.Popen[bytes] | None = None

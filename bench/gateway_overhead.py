@@ -145,12 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672"),
     )
     parser.add_argument("--profile", help="run the gateway under cProfile, stats to this file")
+    parser.add_argument(
+        "--event-loop",
+        default="auto",
+        choices=("auto", "asyncio", "uvloop"),
+        help="the gateway's --event-loop (auto: uvloop when installed)",
+    )
     args = parser.parse_args(argv)
     n = args.messages
     latency_n = args.latency_messages or max(1000, n // 10)
     small, large = payload(256), payload(4096)
 
-    with GatewayProcess(args.url, args.management_url, profile=args.profile) as gateway:
+    with GatewayProcess(
+        args.url, args.management_url, profile=args.profile, event_loop=args.event_loop
+    ) as gateway:
         paths = {"direct": args.url, "gateway": gateway.url}
         print(f"gateway subprocess on 127.0.0.1:{gateway.port}; {n:,} messages per workload")
 

@@ -11,14 +11,14 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
 from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 from rabbitflow_broker.service import GatewayService
 
-__all__ = ["configure_logging", "main"]
+__all__ = ["configure_logging", "event_loop_factory", "main"]
 
 
 def configure_logging(log_format: str) -> None:
@@ -68,6 +68,28 @@ async def serve(config: GatewayConfig) -> None:
         await service.stop()
 
 
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop factory for ``--event-loop`` (None: asyncio's own loop).
+
+    ``auto`` takes uvloop when it is installed (the ``broker`` extra
+    installs it where it builds): it relays about twice as many frames per
+    CPU second as asyncio's pure-Python transports.
+
+    Raises:
+        ConfigError: ``uvloop`` was asked for and is not installed.
+    """
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError("--event-loop uvloop: uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit status."""
     try:
@@ -77,7 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(config.log_format)
     try:
-        asyncio.run(serve(config))
+        loop_factory = event_loop_factory(config.event_loop)
+    except ConfigError as exc:
+        print(f"rabbitflow-broker: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve(config))
     except OSError as exc:
         print(f"rabbitflow-broker: {exc}", file=sys.stderr)
         return 1

@@ -62,6 +62,7 @@ class GatewayConfig:
     flow_enforcement_timeout: int = 5000
     event_log: str | None = None
     log_format: Literal["console", "json"] = "console"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     state_file: str | None = None
     reconcile_interval: int = 1000
     routing_refresh_interval: int = 30_000
@@ -115,6 +116,10 @@ class GatewayConfig:
             )
         if self.log_format not in ("console", "json"):
             raise ConfigError(f"--log-format: expected console or json, got {self.log_format!r}")
+        if self.event_loop not in ("auto", "asyncio", "uvloop"):
+            raise ConfigError(
+                f"--event-loop: expected auto, asyncio or uvloop, got {self.event_loop!r}"
+            )
 
     def _check_admin_auth(self, admin_host: str) -> None:
         users = _parse_users(self.admin_users)  # validates the format
@@ -229,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "flow_enforcement_timeout": "ms a flowed channel may keep publishing (5000)",
         "event_log": "append events as JSON lines to this file",
         "log_format": "console or json (default console)",
+        "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",
         "state_file": "keep runtime thresholds in this JSON file instead of RabbitMQ",
         "reconcile_interval": "ms between depth reconciliations with RabbitMQ (1000)",
         "routing_refresh_interval": "ms between routing snapshots from RabbitMQ (30000)",
@@ -243,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         if name == "log_format":
             parser.add_argument(flag, dest=name, choices=("console", "json"), help=text)
+        elif name == "event_loop":
+            parser.add_argument(flag, dest=name, choices=("auto", "asyncio", "uvloop"), help=text)
         elif name == "admin_auth":
             parser.add_argument(flag, dest=name, choices=("none", "users", "rabbitmq"), help=text)
         else:

@@ -116,8 +116,21 @@ class FrameReader:
 
     def __init__(self, *, expect_protocol_header: bool = False) -> None:
         self._pending = b""
+        self._unread = False
         self._need_header = expect_protocol_header
         self.max_frame_size = _DEFAULT_MAX_FRAME
+
+    @property
+    def holding(self) -> bool:
+        """True while bytes handed back with :meth:`unread` wait to be parsed."""
+        return self._unread
+
+    def unread(self, data: bytes) -> None:
+        """Give back bytes of complete frames returned by :meth:`feed` but not
+        handled; the next :meth:`feed` (``b""`` will do) returns them first."""
+        if data:
+            self._pending = data + self._pending
+            self._unread = True
 
     def feed(self, data: bytes) -> tuple[bytes, list[FrameRef]]:
         """Add bytes; return (buffer, complete frames in it).
@@ -129,6 +142,7 @@ class FrameReader:
                 oversized frame, missing end octet or unknown frame type.
         """
         buffer = self._pending + data if self._pending else data
+        self._unread = False
         frames: list[FrameRef] = []
         pos = 0
         size_all = len(buffer)

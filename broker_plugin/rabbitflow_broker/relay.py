@@ -1,12 +1,15 @@
 """One client connection relayed to one upstream RabbitMQ connection.
 
-:class:`Relay` runs two small loops: client→upstream and upstream→client.
-Each reads a chunk, splits it into frames (:mod:`~rabbitflow_broker.frames`),
-lets the per-frame handlers update the gateway's machines and forwards the
-original bytes of every frame it does not drop, in one write per chunk.
-The handlers may drop a frame (a ``Channel.FlowOk`` from the client, a held
-confirm or ``tx.commit-ok``) or add frames of the gateway's own
-(``Channel.Flow``, split or released confirms, ``Channel.Close`` 406).
+:class:`Relay` is the asyncio protocol of a client socket; it opens one
+upstream connection (:class:`_Upstream`, a protocol too) and relays bytes
+both ways from the transports' callbacks, with no task or stream in
+between.  Each chunk read is split into frames
+(:mod:`~rabbitflow_broker.frames`), the per-frame handlers update the
+gateway's machines, and the original bytes of every frame not dropped go
+out in one write per chunk.  The handlers may drop a frame (a
+``Channel.FlowOk`` from the client, a held confirm or ``tx.commit-ok``) or
+add frames of the gateway's own (``Channel.Flow``, split or released
+confirms, ``Channel.Close`` 406).
 
 Frames the gateway sends on its own to a channel in the middle of a
 delivered message wait until that message's last body frame is written:
@@ -14,18 +17,19 @@ AMQP forbids interleaving frames of one channel within a content.
 
 Flow control never stops the upstream→client direction, so deliveries
 keep flowing to consumers while producers are blocked (a client's own acks
-wait only while its reads are paused, below).
+wait only while its reads are paused, below).  TCP back-pressure is passed
+through: while one side's transport buffers more than
+:data:`WRITE_HIGH_WATER` bytes, the relay stops reading the other side.
 
-Clients that ignore ``Channel.Flow(active=false)``: once a flowed
-channel has published more than :data:`PAUSE_MESSAGES` messages or
+Clients that ignore ``Channel.Flow(active=false)``: once a flowed channel
+has published more than :data:`PAUSE_MESSAGES` messages or
 :data:`PAUSE_BYTES` body bytes since it was flowed, the relay stops reading
-the client's socket (TCP back-pressure; ``connection.blocked`` to clients
-that advertise the capability) until the channel is unflowed or its
+the client's socket right after that message (what is left of the chunk
+waits, unparsed; ``connection.blocked`` goes to clients that advertise the
+capability) until the channel is unflowed or its
 ``--flow-enforcement-timeout`` has passed.  The first publish on a channel
 flowed for longer than the timeout is not forwarded: the channel is closed
 (CHN-1012, 406) and everything received before it still goes upstream.
-While any channel of the connection is flowed, the relay reads the client
-in :data:`FLOWED_READ_SIZE` chunks so the checks between reads bite early.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from pamqp import commands
@@ -72,16 +76,17 @@ from rabbitflow_broker.frames import (
 from rabbitflow_broker.gateway import BlockedChannel, Gateway, Route
 from rabbitflow_broker.routing import RoutingError
 
-__all__ = ["FLOWED_READ_SIZE", "PAUSE_BYTES", "PAUSE_MESSAGES", "Connector", "Relay"]
+__all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
-#: Opens the upstream connection (``asyncio.open_connection`` by default).
-Connector = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+#: Opens the upstream connection: called with the address and a protocol
+#: factory, returns the transport (``loop.create_connection`` by default).
+Connector = Callable[[str, int, Callable[[], asyncio.Protocol]], Awaitable[asyncio.BaseTransport]]
 
 _log = structlog.get_logger("rabbitflow.broker.relay")
 
-_READ_SIZE = 256 * 1024
-#: Client reads while a channel of the connection is flowed.
-FLOWED_READ_SIZE = 16 * 1024
+#: Bytes a transport may buffer before the relay stops reading the other side.
+WRITE_HIGH_WATER = 1024 * 1024
+_WRITE_LOW_WATER = 256 * 1024
 #: A flowed channel may publish this many messages / body bytes before the
 #: relay stops reading its connection (back-pressure).
 PAUSE_MESSAGES = 2000
@@ -182,27 +187,30 @@ class _Channel:
     closed_by_gateway: bool = False
 
 
-class Relay:
-    """Relays one client connection; create it per accepted socket and ``await run()``."""
+class Relay(asyncio.Protocol):
+    """Relays one client connection: the protocol of the accepted client socket.
+
+    The server creates one per connection (``loop.create_server(lambda:
+    Relay(gateway), ...)``); :meth:`connection_made` opens the upstream
+    connection and :meth:`wait_closed` returns when both sockets are closed.
+    """
 
     def __init__(
         self,
         gateway: Gateway,
-        client_reader: asyncio.StreamReader,
-        client_writer: asyncio.StreamWriter,
         *,
         connect: Connector | None = None,
+        on_closed: Callable[[Relay], None] | None = None,
     ) -> None:
         self.gateway = gateway
-        self._connect = connect or asyncio.open_connection
+        self._connect = connect
+        self._on_closed = on_closed
+        self._registered = False
         self.number = gateway.next_connection_number()
-        self._creader = client_reader
-        self._cwriter = client_writer
-        self._ureader: asyncio.StreamReader | None = None
-        self._uwriter: asyncio.StreamWriter | None = None
-        peer = client_writer.get_extra_info("peername") or ("?", 0)
-        self.remote_host = str(peer[0])
-        self.remote_port = int(peer[1])
+        self._client: asyncio.Transport | None = None
+        self._upstream: asyncio.Transport | None = None
+        self.remote_host = "?"
+        self.remote_port = 0
         self.user = "unknown"
         self.vhost = "/"
         self._channels: dict[int, _Channel] = {}
@@ -212,14 +220,25 @@ class Relay:
         self._upstream_content = ContentTracker()
         self._to_client: list[bytes] = []  # injected in order while handling an upstream chunk
         self._to_upstream: list[bytes] = []
+        self._early: list[bytes] = []  # client bytes read before the upstream was open
         self._deferred: list[tuple[int, bytes]] = []
         # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
         # frames of a client that reopens the number meanwhile wait here.
         self._upstream_closing: dict[int, list[bytes]] = {}
         self._in_upstream_chunk = False
         self._in_client_chunk = False
-        # Set by refresh(): a paused client loop re-checks whether to read.
-        self._resume = asyncio.Event()
+        # Why the client socket is not read: "connecting", "upstream" (its
+        # buffer is full), "flow" (a flowed channel past the bound).
+        self._client_paused: set[str] = set()
+        # Set while a client chunk is parsed: stop after the current message.
+        self._stop_reading = False
+        self._stop_channel = 0
+        self._flow_timer: asyncio.TimerHandle | None = None
+        self._resume_scheduled = False
+        self._closing = False
+        self._lost: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed: asyncio.Future[None] | None = None
         self._blocked_capable = False
         timeout_ms = gateway.config.flow_enforcement_timeout
         self._enforcement_s: float | None = timeout_ms / 1000 if timeout_ms else None
@@ -286,85 +305,209 @@ class Relay:
 
     # -- lifecycle -----------------------------------------------------------
 
-    async def run(self) -> None:
-        """Relay until either side closes; never raises for protocol errors."""
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """A client connected: hold its bytes until the upstream connection is open."""
+        client = cast(asyncio.Transport, transport)
+        self._client = client
+        peer = client.get_extra_info("peername") or ("?", 0)
+        self.remote_host = str(peer[0])
+        self.remote_port = int(peer[1])
+        self._log = _log.bind(
+            connection=self.number, remote=f"{self.remote_host}:{self.remote_port}"
+        )
+        client.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
+        self._pause_client("connecting")
+        loop = asyncio.get_running_loop()
+        self._closed = loop.create_future()
+        self._task = loop.create_task(self._open_upstream(), name=f"relay-{self.number}-connect")
+
+    async def _open_upstream(self) -> None:
         host, port = self.gateway.config.upstream_address
         try:
-            self._ureader, self._uwriter = await self._connect(host, port)
+            if self._connect is not None:
+                transport = await self._connect(host, port, self._upstream_protocol)
+            else:
+                loop = asyncio.get_running_loop()
+                transport, _protocol = await loop.create_connection(
+                    self._upstream_protocol, host, port
+                )
         except OSError as exc:
             self._log.warning("upstream unreachable", error=str(exc))
-            self._cwriter.close()
+            self._lost.add("upstream")
+            self.abort()
+            self._finish_if_done()
+            return
+        if self._closing:  # the client left meanwhile
+            transport.close()
             return
         self.gateway.register(self)
-        tasks = [
-            asyncio.create_task(self._client_loop(), name=f"relay-{self.number}-c2u"),
-            asyncio.create_task(self._upstream_loop(), name=f"relay-{self.number}-u2c"),
-        ]
-        try:
-            _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            # One side is gone: close both (buffered bytes such as a Close-Ok
-            # are still flushed), which ends the other loop too.
-            self.abort()
-            if pending:
-                await asyncio.wait(pending, timeout=_CLOSE_GRACE_S)
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-        finally:
-            self.gateway.unregister(self)
-            self._channels.clear()
-            await self._close_transports()
+        self._registered = True
+        if self._early:
+            early, self._early = b"".join(self._early), []
+            self._client_chunk(early)
+        self._resume_client("connecting")
+
+    def _upstream_protocol(self) -> asyncio.Protocol:
+        return _Upstream(self)
+
+    def _upstream_made(self, transport: asyncio.Transport) -> None:
+        self._upstream = transport
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes from the client."""
+        self._client_chunk(data)
+
+    def eof_received(self) -> bool | None:
+        """The client closed its side: end the relay."""
+        self.abort()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The client socket is closed."""
+        self._side_lost("client")
+
+    def pause_writing(self) -> None:
+        """The client reads slower than RabbitMQ delivers: stop reading upstream."""
+        if self._upstream is not None and not self._upstream.is_closing():
+            self._upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        """The client caught up."""
+        if self._upstream is not None and not self._upstream.is_closing():
+            self._upstream.resume_reading()
 
     def abort(self) -> None:
-        """Close both sockets; :meth:`run` then returns (gateway shutdown)."""
-        for writer in (self._cwriter, self._uwriter):
-            if writer is not None and not writer.is_closing():
-                writer.close()
+        """Close both sockets (buffered bytes are still flushed, for a while)."""
+        if not self._closing:
+            self._closing = True
+            if self._flow_timer is not None:
+                self._flow_timer.cancel()
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, self._hard_abort)
+        for transport in (self._client, self._upstream):
+            if transport is not None and not transport.is_closing():
+                transport.close()
 
-    async def _close_transports(self) -> None:
-        writers = [w for w in (self._cwriter, self._uwriter) if w is not None]
-        for writer in writers:
-            if not writer.is_closing():
-                writer.close()
-        for writer in writers:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE_S)
+    def _hard_abort(self) -> None:
+        """A peer does not read what is left to flush: drop it."""
+        if self._client is not None and "client" not in self._lost:
+            self._client.abort()
+        if self._upstream is not None and "upstream" not in self._lost:
+            self._upstream.abort()
 
-    async def _client_loop(self) -> None:
-        assert self._uwriter is not None
-        upstream = self._uwriter
-        while True:
-            await self._backpressure()
-            read_size = FLOWED_READ_SIZE if self._any_flowed() else _READ_SIZE
-            try:
-                data = await self._creader.read(read_size)
-            except (ConnectionError, OSError):
-                return
-            if not data:
-                return
-            self._in_client_chunk = True
-            try:
-                buffer, frames = self._from_client.feed(data)
-                parts = self._process(buffer, frames, self._client_frame, self._to_upstream)
-            except FrameError as exc:
-                await self._protocol_error(exc)
-                return
-            finally:
-                self._in_client_chunk = False
-            if parts:
-                upstream.write(b"".join(parts) if len(parts) > 1 else parts[0])
-                try:
-                    await upstream.drain()
-                except (ConnectionError, OSError):
-                    return
+    def _side_lost(self, side: str) -> None:
+        self._lost.add(side)
+        self.abort()
+        self._finish_if_done()
+
+    def _finish_if_done(self) -> None:
+        if "client" not in self._lost:
+            return
+        if "upstream" not in self._lost and (
+            self._upstream is not None or (self._task is not None and not self._task.done())
+        ):
+            return
+        if self._closed is None or self._closed.done():
+            return
+        if self._registered:
+            self.gateway.unregister(self)
+            self._registered = False
+        self._channels.clear()
+        self._closed.set_result(None)
+        if self._on_closed is not None:
+            self._on_closed(self)
+
+    async def wait_closed(self) -> None:
+        """Return once both sockets are closed and the relay is unregistered."""
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+
+    # -- reading the client ------------------------------------------------
+
+    def _pause_client(self, reason: str) -> None:
+        first = not self._client_paused
+        self._client_paused.add(reason)
+        if first and self._client is not None and not self._client.is_closing():
+            self._client.pause_reading()
+
+    def _resume_client(self, reason: str) -> None:
+        if reason not in self._client_paused:
+            return
+        self._client_paused.discard(reason)
+        if self._client_paused or self._client is None or self._client.is_closing():
+            return
+        if self._from_client.holding:
+            # Parse what was left of the paused chunk before reading more.
+            self._schedule_held()
+        else:
+            self._client.resume_reading()
+
+    def _schedule_held(self) -> None:
+        if not self._resume_scheduled:
+            self._resume_scheduled = True
+            asyncio.get_running_loop().call_soon(self._parse_held)
+
+    def _parse_held(self) -> None:
+        self._resume_scheduled = False
+        if self._closing or self._client_paused:
+            return
+        self._client_chunk(b"")
+        if (
+            not self._client_paused
+            and not self._from_client.holding
+            and self._client is not None
+            and not self._client.is_closing()
+        ):
+            self._client.resume_reading()
+
+    def _client_chunk(self, data: bytes) -> None:
+        upstream = self._upstream
+        if self._closing:
+            return
+        if upstream is None:
+            # uvloop starts reading after connection_made, whatever it paused:
+            # keep what comes before the upstream connection is open.
+            if data:
+                self._early.append(data)
+            if self._client is not None and not self._client.is_closing():
+                self._client.pause_reading()
+            return
+        self._in_client_chunk = True
+        try:
+            buffer, frames = self._from_client.feed(data)
+            parts = self._process_client(buffer, frames)
+        except FrameError as exc:
+            self._protocol_error(exc)
+            return
+        except Exception:
+            self._log.exception("relay failed")
+            self.abort()
+            return
+        finally:
+            self._in_client_chunk = False
+        if parts and not upstream.is_closing():
+            upstream.write(b"".join(parts) if len(parts) > 1 else parts[0])
+        self._update_reading()
+
+    def _process_client(self, buffer: bytes, frames: list[FrameRef]) -> list[bytes]:
+        """:meth:`_process` for client frames, stopping after the message that
+        took a flowed channel past the back-pressure bound (the rest of the
+        chunk stays in the frame reader)."""
+        self._stop_reading = False
+        parts = self._process(buffer, frames, self._client_frame, self._to_upstream, self._stop)
+        self._stop_reading = False
+        return parts
+
+    def _stop(self, buffer: bytes, frames: list[FrameRef], index: int) -> bool:
+        if not self._stop_reading or self._client_content.mid_content(self._stop_channel):
+            return False
+        rest = frames[index + 1 :]
+        if rest:
+            self._from_client.unread(buffer[rest[0].start : rest[-1].end])
+        return True
 
     # -- clients that ignore flow control ---------------------------------
-
-    def _any_flowed(self) -> bool:
-        return any(ch.blockers for ch in self._channels.values())
 
     def _pause_until(self) -> float | None:
         """Monotonic time to stop pausing at (inf: until unflowed); None: read now."""
@@ -388,26 +531,35 @@ class Relay:
             until = candidate if until is None else min(until, candidate)
         return until
 
-    async def _backpressure(self) -> None:
-        until = self._pause_until()
-        if until is None or until <= self.gateway.monotonic():
+    def _update_reading(self) -> None:
+        """Pause or resume reading the client for flowed channels past the bound."""
+        if self._closing or self._client is None:
             return
-        self._log.info("pausing client reads: flowed channel keeps publishing")
-        if self._blocked_capable:
-            self._send_client(0, encode_method(0, commands.Connection.Blocked("flow control")))
-        while until is not None:
-            remaining = until - self.gateway.monotonic()
-            if remaining <= 0:
-                break
-            self._resume.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._resume.wait(), None if remaining == float("inf") else remaining
+        if self._flow_timer is not None:
+            self._flow_timer.cancel()
+            self._flow_timer = None
+        now = self.gateway.monotonic()
+        until = self._pause_until()
+        if until is not None and until > now:
+            if "flow" not in self._client_paused:
+                self._log.info("pausing client reads: flowed channel keeps publishing")
+                if self._blocked_capable:
+                    self._send_client(
+                        0, encode_method(0, commands.Connection.Blocked("flow control"))
+                    )
+                self._pause_client("flow")
+            if until != float("inf"):
+                self._flow_timer = asyncio.get_running_loop().call_later(
+                    until - now, self._update_reading
                 )
-            until = self._pause_until()
-        if self._blocked_capable:
-            self._send_client(0, encode_method(0, commands.Connection.Unblocked()))
-        self._log.info("resuming client reads")
+            return
+        if "flow" in self._client_paused:
+            if self._blocked_capable:
+                self._send_client(0, encode_method(0, commands.Connection.Unblocked()))
+            self._log.info("resuming client reads")
+            self._resume_client("flow")
+        elif self._from_client.holding and not self._client_paused:
+            self._schedule_held()
 
     def _flow_ignored(self, channel: _Channel) -> bool:
         """Close a channel still publishing past the enforcement timeout (CHN-1012)."""
@@ -438,56 +590,49 @@ class Relay:
             "Channel.Flow(active=false)",
             (60, 40),
         )
-        self._resume.set()
         return True
 
-    async def _upstream_loop(self) -> None:
-        assert self._ureader is not None
-        client = self._cwriter
-        while True:
-            try:
-                data = await self._ureader.read(_READ_SIZE)
-            except (ConnectionError, OSError):
-                return
-            if not data:
-                return
-            self._in_upstream_chunk = True
-            try:
-                buffer, frames = self._from_upstream.feed(data)
-                parts = self._process(buffer, frames, self._upstream_frame, self._to_client)
-            except FrameError as exc:
-                self._log.error("bad frame from upstream", error=str(exc))
-                client.write(
-                    encode_method(
-                        0, commands.Connection.Close(_INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
-                    )
-                )
-                return
-            finally:
-                self._in_upstream_chunk = False
-            if self._deferred:
-                parts.extend(self._take_deferred())
-            if parts:
-                client.write(b"".join(parts) if len(parts) > 1 else parts[0])
-                try:
-                    await client.drain()
-                except (ConnectionError, OSError):
-                    return
+    def _upstream_chunk(self, data: bytes) -> None:
+        client = self._client
+        if self._closing or client is None:
+            return
+        self._in_upstream_chunk = True
+        try:
+            buffer, frames = self._from_upstream.feed(data)
+            parts = self._process(buffer, frames, self._upstream_frame, self._to_client)
+        except FrameError as exc:
+            self._log.error("bad frame from upstream", error=str(exc))
+            client.write(
+                encode_method(0, commands.Connection.Close(_INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0))
+            )
+            self.abort()
+            return
+        except Exception:
+            self._log.exception("relay failed")
+            self.abort()
+            return
+        finally:
+            self._in_upstream_chunk = False
+        if self._deferred:
+            parts.extend(self._take_deferred())
+        if parts and not client.is_closing():
+            client.write(b"".join(parts) if len(parts) > 1 else parts[0])
 
-    async def _protocol_error(self, exc: FrameError) -> None:
+    def _protocol_error(self, exc: FrameError) -> None:
         self._log.warning("closing client connection on protocol error", error=str(exc))
-        if exc.code == 0:
-            self._cwriter.write(PROTOCOL_HEADER)
-        else:
-            reply = f"{_reply_text(exc.code)} - {exc.text}"[:255]
-            self._cwriter.write(encode_method(0, commands.Connection.Close(exc.code, reply, 0, 0)))
-        if self._uwriter is not None and exc.code != 0:
-            with contextlib.suppress(Exception):
-                self._uwriter.write(
-                    encode_method(0, commands.Connection.Close(200, "client protocol error", 0, 0))
-                )
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._cwriter.drain(), _CLOSE_GRACE_S)
+        client = self._client
+        if client is not None and not client.is_closing():
+            if exc.code == 0:
+                client.write(PROTOCOL_HEADER)
+            else:
+                reply = f"{_reply_text(exc.code)} - {exc.text}"[:255]
+                client.write(encode_method(0, commands.Connection.Close(exc.code, reply, 0, 0)))
+        upstream = self._upstream
+        if upstream is not None and exc.code != 0 and not upstream.is_closing():
+            upstream.write(
+                encode_method(0, commands.Connection.Close(200, "client protocol error", 0, 0))
+            )
+        self.abort()
 
     @staticmethod
     def _process(
@@ -495,10 +640,11 @@ class Relay:
         frames: list[FrameRef],
         handler: Callable[[bytes, FrameRef], bool],
         injected: list[bytes],
+        stop: Callable[[bytes, list[FrameRef], int], bool] | None = None,
     ) -> list[bytes]:
         parts: list[bytes] = []
         run_start = run_end = -1
-        for ref in frames:
+        for index, ref in enumerate(frames):
             keep = handler(buffer, ref)
             if keep:
                 if run_start < 0:
@@ -513,6 +659,8 @@ class Relay:
                     run_start = -1
                 parts.extend(injected)
                 injected.clear()
+            if stop is not None and stop(buffer, frames, index):
+                break
         if run_start >= 0:
             if run_start == 0 and run_end == len(buffer):
                 parts.append(buffer)
@@ -533,8 +681,9 @@ class Relay:
         if self._upstream_content.mid_content(channel):
             self._deferred.append((channel, data))
             return
-        if not self._cwriter.is_closing():
-            self._cwriter.write(data)
+        client = self._client
+        if client is not None and not client.is_closing():
+            client.write(data)
 
     def _take_deferred(self) -> list[bytes]:
         ready = [d for ch, d in self._deferred if not self._upstream_content.mid_content(ch)]
@@ -685,8 +834,8 @@ class Relay:
         )
         if self._in_client_chunk:
             self._to_upstream.append(upstream_close)
-        elif self._uwriter is not None and not self._uwriter.is_closing():
-            self._uwriter.write(upstream_close)
+        elif self._upstream is not None and not self._upstream.is_closing():
+            self._upstream.write(upstream_close)
         if channel.blockers:
             channel.blockers.clear()
         channel.closed_by_gateway = True
@@ -726,6 +875,13 @@ class Relay:
         if channel.blockers:
             channel.publishes_while_flowed += 1
             channel.bytes_while_flowed += size
+            if (
+                channel.publishes_while_flowed > PAUSE_MESSAGES
+                or channel.bytes_while_flowed > PAUSE_BYTES
+            ) and (self._pause_until() or 0.0) > self.gateway.monotonic():
+                # Parse no further than this message; _update_reading pauses.
+                self._stop_reading = True
+                self._stop_channel = channel.number
         vhost = self.vhost
         try:
             route = self.gateway.routing.route(vhost, exchange, routing_key, headers)
@@ -828,8 +984,8 @@ class Relay:
             self._upstream_content.method(channel_no, ids)
             if ids == (20, 41):
                 stash = self._upstream_closing.pop(channel_no)
-                if stash and self._uwriter is not None:
-                    self._uwriter.write(b"".join(stash))
+                if stash and self._upstream is not None and not self._upstream.is_closing():
+                    self._upstream.write(b"".join(stash))
         return False
 
     def _u_channel_close(self, channel: _Channel | None, number: int, _p: bytes) -> bool:
@@ -1080,7 +1236,7 @@ class Relay:
                         del channel.blockers[blocker]
                 if not channel.blockers:
                     self._unblock(channel)
-        self._resume.set()
+        self._update_reading()
 
     def _unblock(self, channel: _Channel) -> None:
         number = channel.number
@@ -1167,3 +1323,29 @@ _REPLY_TEXT = {
 
 def _reply_text(code: int) -> str:
     return _REPLY_TEXT.get(code, "INTERNAL_ERROR")
+
+
+class _Upstream(asyncio.Protocol):
+    """The protocol of a relay's upstream socket: hands everything to the relay."""
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._relay._upstream_made(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        self._relay._upstream_chunk(data)
+
+    def eof_received(self) -> bool | None:
+        self._relay.abort()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._relay._side_lost("upstream")
+
+    def pause_writing(self) -> None:
+        self._relay._pause_client("upstream")
+
+    def resume_writing(self) -> None:
+        self._relay._resume_client("upstream")

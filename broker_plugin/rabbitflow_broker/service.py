@@ -128,7 +128,7 @@ class GatewayService:
         self._server: asyncio.Server | None = None
         self._admin: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._relays: dict[asyncio.Task[Any], Relay] = {}
+        self._relays: set[Relay] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._last_totals: dict[tuple[str, str], tuple[int, int]] = {}
         self.port = 0
@@ -148,7 +148,8 @@ class GatewayService:
         await self.reconcile_once(initial=True)
         await self.measure_store()
         host, port = self.config.listen_address
-        self._server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._new_relay, host, port)
         self.port = self._server.sockets[0].getsockname()[1]
         from rabbitflow_broker.admin import create_app
 
@@ -177,12 +178,14 @@ class GatewayService:
             task.cancel()
         if self._server is not None:
             self._server.close()
-        # Closing the sockets ends each relay's loops normally; cancelling
-        # the server's connection tasks would make asyncio log them.
-        for relay in list(self._relays.values()):
+        relays = list(self._relays)
+        for relay in relays:
             relay.abort()
-        if self._relays:
-            await asyncio.wait(list(self._relays), timeout=5)
+        if relays:
+            waiters = [asyncio.create_task(r.wait_closed()) for r in relays]
+            _done, pending = await asyncio.wait(waiters, timeout=5)
+            for waiter in pending:
+                waiter.cancel()
         for task in [*self._tasks, *self._background]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -206,18 +209,10 @@ class GatewayService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        relay = Relay(self.gateway, reader, writer)
-        self._relays[task] = relay
-        try:
-            await relay.run()
-        except Exception:
-            _log.exception("relay failed")
-            writer.close()
-        finally:
-            del self._relays[task]
+    def _new_relay(self) -> Relay:
+        relay = Relay(self.gateway, on_closed=self._relays.discard)
+        self._relays.add(relay)
+        return relay
 
     # -- management-API loops --------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from pamqp.base import Frame
@@ -49,3 +50,64 @@ class FakeWriter:
     def take_methods(self) -> list[Frame]:
         """Like :meth:`take`, without the channel numbers."""
         return [value for _, value in self.take()]
+
+
+class FakeTransport(FakeWriter):
+    """An in-memory transport for one side of a relay.
+
+    The relay writes to it (:attr:`data`); the test feeds it bytes with
+    :meth:`feed_data` / :meth:`feed_eof`, which reach the attached protocol
+    only while reading is not paused, as with a socket.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: asyncio.Protocol | None = None
+        self.paused = False
+        self.lost = False
+        self._inbox: list[bytes | None] = []
+
+    def attach(self, protocol: asyncio.Protocol) -> None:
+        self.protocol = protocol
+        protocol.connection_made(self)  # type: ignore[arg-type]
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        return None
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+        asyncio.get_running_loop().call_soon(self._deliver)
+
+    def feed_data(self, data: bytes) -> None:
+        self._inbox.append(data)
+        self._deliver()
+
+    def feed_eof(self) -> None:
+        self._inbox.append(None)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        assert self.protocol is not None
+        while self._inbox and not self.paused and not self.closed:
+            item = self._inbox.pop(0)
+            if item is None:
+                if not self.protocol.eof_received():
+                    self.close()
+                return
+            self.protocol.data_received(item)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self._lose)
+
+    def abort(self) -> None:
+        self.close()
+
+    def _lose(self) -> None:
+        if not self.lost and self.protocol is not None:
+            self.lost = True
+            self.protocol.connection_lost(None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +21,17 @@ from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved, Ev
 from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
-from tests.broker.fakes import FakeWriter
+from tests.broker.fakes import FakeTransport
 
 
 @dataclass
 class Harness:
     gateway: Gateway
     events: list[Event]
-    client_in: asyncio.StreamReader
-    client_out: FakeWriter
-    upstream_in: asyncio.StreamReader
-    upstream_out: FakeWriter
+    client_in: FakeTransport
+    client_out: FakeTransport
+    upstream_in: FakeTransport
+    upstream_out: FakeTransport
 
     async def settle(self) -> None:
         for _ in range(20):
@@ -77,21 +77,22 @@ async def harness() -> AsyncIterator[Harness]:
     )
     gateway.routing.declare_queue("/", "q", {})
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
-    upstream_in, upstream_out = asyncio.StreamReader(), FakeWriter()
+    upstream_in = upstream_out = FakeTransport()
 
-    async def connect(host: str, port: int) -> tuple[Any, Any]:
-        return upstream_in, upstream_out
+    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+        upstream_in.attach(factory())
+        return upstream_in
 
-    client_in, client_out = asyncio.StreamReader(), FakeWriter()
-    relay = Relay(gateway, client_in, client_out, connect=connect)  # type: ignore[arg-type]
-    task = asyncio.create_task(relay.run())
+    client_in = client_out = FakeTransport()
+    relay = Relay(gateway, connect=connect)
+    client_in.attach(relay)
     h = Harness(gateway, events, client_in, client_out, upstream_in, upstream_out)
     await h.from_client(PROTOCOL_HEADER, method(1, commands.Channel.Open()))
     upstream_out.take()
     yield h
     client_in.feed_eof()
     upstream_in.feed_eof()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(relay.wait_closed(), 5)
 
 
 @pytest.mark.asyncio
@@ -199,3 +200,42 @@ async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) ->
     assert isinstance(close, commands.Connection.Close)
     assert close.reply_code == 501
     assert harness.client_out.closed
+
+
+class _EagerTransport(FakeTransport):
+    """Delivers data even while paused before the first resume, as uvloop
+    does for bytes that arrive while ``connection_made`` runs."""
+
+    def pause_reading(self) -> None:
+        if self.protocol is not None and getattr(self, "started", False):
+            super().pause_reading()
+
+    def resume_reading(self) -> None:
+        self.started = True
+        super().resume_reading()
+
+
+@pytest.mark.asyncio
+async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> None:
+    gateway = Gateway(GatewayConfig(), sink=lambda event: None)
+    opened = asyncio.Event()
+    upstream = FakeTransport()
+
+    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+        await opened.wait()
+        upstream.attach(factory())
+        return upstream
+
+    client = _EagerTransport()
+    relay = Relay(gateway, connect=connect)
+    client.attach(relay)
+    first, second = PROTOCOL_HEADER, method(1, commands.Channel.Open())
+    client.feed_data(first)
+    client.feed_data(second)
+    opened.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert bytes(upstream.data) == first + second
+    client.feed_eof()
+    upstream.feed_eof()
+    await asyncio.wait_for(relay.wait_closed(), 5)

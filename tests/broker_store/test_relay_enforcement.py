@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +18,10 @@ from pamqp.body import ContentBody
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowIgnored, Event
-from rabbitflow_broker.frames import PROTOCOL_HEADER
+from rabbitflow_broker.frames import FRAME_BODY, PROTOCOL_HEADER, FrameReader
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import PAUSE_MESSAGES, Relay
-from tests.broker.fakes import FakeWriter
+from tests.broker.fakes import FakeTransport
 
 
 class Clock:
@@ -37,9 +37,9 @@ class Harness:
     gateway: Gateway
     clock: Clock
     events: list[Event]
-    client_in: asyncio.StreamReader
-    client_out: FakeWriter
-    upstream_out: FakeWriter
+    client_in: FakeTransport
+    client_out: FakeTransport
+    upstream_out: FakeTransport
 
     async def from_client(self, *chunks: bytes) -> None:
         for chunk in chunks:
@@ -83,14 +83,15 @@ async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
     )
     gateway.routing.declare_queue("/", "q", {})
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
-    upstream_in, upstream_out = asyncio.StreamReader(), FakeWriter()
+    upstream_in = upstream_out = FakeTransport()
 
-    async def connect(host: str, port: int) -> tuple[Any, Any]:
-        return upstream_in, upstream_out
+    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+        upstream_in.attach(factory())
+        return upstream_in
 
-    client_in, client_out = asyncio.StreamReader(), FakeWriter()
-    relay = Relay(gateway, client_in, client_out, connect=connect)  # type: ignore[arg-type]
-    task = asyncio.create_task(relay.run())
+    client_in = client_out = FakeTransport()
+    relay = Relay(gateway, connect=connect)
+    client_in.attach(relay)
     h = Harness(gateway, clock, events, client_in, client_out, upstream_out)
     await h.from_client(
         PROTOCOL_HEADER, start_ok(blocked_capable=blocked_capable), method(commands.Channel.Open())
@@ -101,7 +102,7 @@ async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
     gateway.queue_deleted("/", "q")
     client_in.feed_eof()
     upstream_in.feed_eof()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(relay.wait_closed(), 5)
 
 
 @pytest_asyncio.fixture
@@ -114,6 +115,13 @@ async def harness() -> AsyncIterator[Harness]:
 async def capable() -> AsyncIterator[Harness]:
     async for h in _harness(blocked_capable=True):
         yield h
+
+
+def _bodies(transport: FakeTransport) -> list[int]:
+    """Message bodies (sequence numbers) written upstream so far; clears them."""
+    buffer, frames = FrameReader().feed(bytes(transport.data))
+    transport.data.clear()
+    return [int(f.payload(buffer)) for f in frames if f.kind == FRAME_BODY]
 
 
 def _publishes(frames: list[Frame]) -> int:
@@ -151,14 +159,20 @@ async def test_publish_past_the_timeout_closes_the_channel_with_chn_1012(
 async def test_reading_pauses_after_the_bound_and_resumes_when_unflowed(
     harness: Harness,
 ) -> None:
-    flood = b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3))
+    # Publish 0 fills the queue (stop 1), publish 1 flows the channel; the
+    # 2,001st publish after that (index PAUSE_MESSAGES + 2) crosses the bound.
+    crossing = PAUSE_MESSAGES + 2
+    flood = b"".join(publish(i) for i in range(crossing + 10))
     await harness.from_client(flood)
-    assert _publishes(harness.upstream_out.take_methods()) == PAUSE_MESSAGES + 3
+    assert _bodies(harness.upstream_out) == list(range(crossing + 1))
+    assert harness.client_in.paused
     await harness.from_client(publish(999))
-    assert _publishes(harness.upstream_out.take_methods()) == 0
-    harness.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
+    assert _bodies(harness.upstream_out) == []
+    harness.gateway.removed("/", "q", crossing + 1, crossing + 1)
     await harness.from_client()
-    assert _publishes(harness.upstream_out.take_methods()) == 1
+    # What was left of the chunk goes first, in order, then the next read.
+    assert _bodies(harness.upstream_out) == [*range(crossing + 1, crossing + 10), 999]
+    assert not harness.client_in.paused
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,203 @@
+"""CPU the relay spends per message, in-process, without sockets or RabbitMQ.
+
+    .venv/bin/python bench/relay_cpu.py [--messages 200000] [--profile FILE]
+
+Feeds a :class:`~rabbitflow_broker.relay.Relay` the exact bytes a pika
+client and RabbitMQ exchange, in 64 KiB-ish chunks as a socket would
+deliver them, and times the relay's synchronous work (frame splitting,
+routing, depth tracking, confirm bookkeeping) for each workload:
+
+* ``publish 256B``: Basic.Publish + header + 256-byte body, no confirms;
+* ``publish+confirm 256B``: the same on a confirm channel, plus the
+  upstream Basic.Ack for each (one per message, as RabbitMQ sends them
+  under a window);
+* ``deliver+ack 256B``: Basic.Deliver + header + body from upstream and
+  the client's Basic.Ack.
+
+Printed: microseconds per message for each.  Unlike ``gateway_overhead.py``
+the figure does not depend on what else the machine runs (the other
+processes only slow the clock, not the count of work), so it shows whether
+a change to the hot path helps.  As a yardstick it also times
+``bytes.join`` of the same chunks, the least a relay must do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pamqp import commands
+from pamqp import frame as pamqp_frame
+from pamqp import header as pamqp_header
+from pamqp.body import ContentBody
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.frames import PROTOCOL_HEADER
+from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.relay import Relay
+
+QUEUE = "bench"
+NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
+CHUNK_MESSAGES = 200
+
+
+class _Sink:
+    """A writer that only counts bytes."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def is_closing(self) -> bool:
+        return False
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else None
+
+
+def _frame(channel: int, value: Any) -> bytes:
+    return pamqp_frame.marshal(value, channel)
+
+
+def _content(channel: int, method: Any, body: bytes) -> bytes:
+    header = pamqp_header.ContentHeader(
+        0, len(body), commands.Basic.Properties(content_type="application/octet-stream")
+    )
+    return _frame(channel, method) + _frame(channel, header) + _frame(channel, ContentBody(body))
+
+
+def _relay() -> tuple[Relay, Gateway]:
+    gateway = Gateway(GatewayConfig(), sink=lambda event: None)
+    gateway.routing.declare_queue("/", QUEUE, NO_FLOW)
+    gateway.queue_declared("/", QUEUE, NO_FLOW)
+    relay = Relay(gateway)
+    relay._client = _Sink()  # type: ignore[assignment]
+    relay._upstream = _Sink()  # type: ignore[assignment]
+    return relay, gateway
+
+
+def _client(relay: Relay, data: bytes) -> None:
+    relay._client_chunk(data)
+
+
+def _upstream(relay: Relay, data: bytes) -> None:
+    relay._upstream_chunk(data)
+
+
+def _setup(relay: Relay, *, confirm: bool, consume: bool) -> None:
+    _client(relay, PROTOCOL_HEADER + _frame(1, commands.Channel.Open()))
+    if confirm:
+        _client(relay, _frame(1, commands.Confirm.Select()))
+    if consume:
+        _client(relay, _frame(1, commands.Basic.Consume(queue=QUEUE, consumer_tag="ctag")))
+        _upstream(relay, _frame(1, commands.Basic.ConsumeOk(consumer_tag="ctag")))
+
+
+def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]]:
+    relay, _gateway = _relay()
+    body = b"x" * 256
+    chunks: list[tuple[bool, bytes]] = []
+    if name == "publish 256B":
+        _setup(relay, confirm=False, consume=False)
+        one = _content(1, commands.Basic.Publish(exchange="", routing_key=QUEUE), body)
+        for _ in range(messages // CHUNK_MESSAGES):
+            chunks.append((True, one * CHUNK_MESSAGES))
+    elif name == "publish+confirm 256B":
+        _setup(relay, confirm=True, consume=False)
+        one = _content(1, commands.Basic.Publish(exchange="", routing_key=QUEUE), body)
+        tag = 0
+        for _ in range(messages // CHUNK_MESSAGES):
+            chunks.append((True, one * CHUNK_MESSAGES))
+            acks = []
+            for _ in range(CHUNK_MESSAGES):
+                tag += 1
+                acks.append(_frame(1, commands.Basic.Ack(delivery_tag=tag)))
+            chunks.append((False, b"".join(acks)))
+    elif name == "deliver+ack 256B":
+        _setup(relay, confirm=False, consume=True)
+        tag = 0
+        for _ in range(messages // CHUNK_MESSAGES):
+            deliveries, acks = [], []
+            for _ in range(CHUNK_MESSAGES):
+                tag += 1
+                deliveries.append(
+                    _content(
+                        1,
+                        commands.Basic.Deliver(
+                            consumer_tag="ctag", delivery_tag=tag, exchange="", routing_key=QUEUE
+                        ),
+                        body,
+                    )
+                )
+                acks.append(_frame(1, commands.Basic.Ack(delivery_tag=tag)))
+            chunks.append((False, b"".join(deliveries)))
+            chunks.append((True, b"".join(acks)))
+    else:
+        raise ValueError(name)
+
+    def run() -> None:
+        for from_client, data in chunks:
+            if from_client:
+                _client(relay, data)
+            else:
+                _upstream(relay, data)
+
+    return run, [data for _, data in chunks]
+
+
+WORKLOADS = ("publish 256B", "publish+confirm 256B", "deliver+ack 256B")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", help="write cProfile stats of every workload to this file")
+    args = parser.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
+    print(f"{'workload':24} {'relay us/msg':>12} {'join us/msg':>12}")
+    for name in WORKLOADS:
+        best = float("inf")
+        join_best = float("inf")
+        for _ in range(args.rounds):
+            run, chunks = _workload(name, args.messages)
+            started = time.perf_counter()
+            if profiler is not None:
+                profiler.enable()
+            run()
+            if profiler is not None:
+                profiler.disable()
+            best = min(best, time.perf_counter() - started)
+            started = time.perf_counter()
+            for chunk in chunks:
+                b"".join([chunk[: len(chunk) // 2], chunk[len(chunk) // 2 :]])
+            join_best = min(join_best, time.perf_counter() - started)
+        print(
+            f"{name:24} {best / args.messages * 1e6:12.2f} {join_best / args.messages * 1e6:12.3f}"
+        )
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
