@@ -60,18 +60,21 @@ __all__ = [
     "duration_histogram",
     "episode_timeline",
     "episodes_from",
+    "finish_intervals",
     "flow_intervals",
     "histogram_metrics",
     "histogram_rows",
     "malformed_from",
     "malformed_summary",
     "observed_window",
+    "pair_candidates",
     "parse_client_lines",
     "parse_event_lines",
     "queue_episode_stats",
     "queue_episodes",
     "queue_summary",
     "queue_summary_from",
+    "resolve_runs",
     "send_delays",
     "store_episodes",
     "store_episodes_from",
@@ -248,7 +251,15 @@ KeyHash = Callable[..., Column]
 
 # Columns only an opening event contributes to an interval, and only a
 # closing one: each is nulled on the other kind of event before the shuffle.
-_OPEN_ONLY = (
+_START_COLUMNS = (
+    "vhost",
+    "queue",
+    "source",
+    "connection",
+    "channel",
+    "size",
+    "messages",
+    "message_capacity",
     "user",
     "remote_host",
     "remote_port",
@@ -257,16 +268,9 @@ _OPEN_ONLY = (
     "overfull_size",
     "underfull_size",
 )
-_CLOSE_ONLY = ("resume_capacity",)
+_CLOSE_COLUMNS = ("messages", "size", "message_capacity", "resume_capacity")
 # What the next event of the key contributes as the interval's end.
-_END_COLUMNS = {
-    "end": "ts",
-    "_end_code": "_code",
-    "end_messages": "messages",
-    "end_size": "size",
-    "resume_count": "message_capacity",
-    "resume_size": "resume_capacity",
-}
+_END_COLUMNS = ("end", "_end_code", "end_messages", "end_size", "resume_count", "resume_size")
 
 
 def _code_number(code: Column) -> Column:
@@ -304,43 +308,68 @@ def _key_parts(col: Callable[[str], Column]) -> list[Column]:
     ]
 
 
+# Candidate roles (``_run``): an interval whose end is known, the start of a
+# run of opening events (end still unknown), the run's last opening event
+# (it carries the run's end).
+_SINGLE, _RUN_START, _RUN_END = 0, 1, 2
+
+
 def flow_intervals(
     parsed: DataFrame,
     *,
     collisions: Observation | None = None,
     key_hash: KeyHash = F.xxhash64,
 ) -> DataFrame:
-    """Pair every opening event with the next closing event of its key, in one pass.
+    """Pair every opening event with the next closing event of its key.
 
     ``parsed`` is :func:`parse_event_lines` output (malformed rows allowed:
     they come out as ``kind = 'malformed'`` rows with their ``reason``) or
     :func:`valid_events` output.  Keys: (vhost, queue) for QUE, (source,
     connection, channel) for CHN, vhost for MST.  An opening event right
     after another opening event (no close between) opens nothing; a
-    closing event with nothing open is ignored.  All kinds share one window
-    spec, so Spark shuffles and sorts the events once; the per-table
-    functions below select from this.
+    closing event with nothing open is ignored.
 
-    How: each event looks at its neighbours in (``ts``, ``seq``) order.  An
+    This is :func:`finish_intervals` of :func:`pair_candidates` (see both
+    for how, and for ``collisions`` and ``key_hash``); the job runs the two
+    steps itself so that it computes the one window pass once.
+    """
+    return finish_intervals(pair_candidates(parsed, collisions=collisions, key_hash=key_hash))
+
+
+def pair_candidates(
+    parsed: DataFrame,
+    *,
+    collisions: Observation | None = None,
+    key_hash: KeyHash = F.xxhash64,
+) -> DataFrame:
+    """The one window pass of the pairing: interval candidates of every kind.
+
+    All kinds share one window spec, so Spark shuffles and sorts the events
+    once.  Each event looks at its neighbours in (``ts``, ``seq``) order: an
     opening event whose predecessor is not an opening one starts an
-    interval, and ends at its successor when that is a closing event (or
-    stays open when there is none).  Only a run of repeated opening events
-    needs more: a second window over the run starts and run ends alone
-    gives the run's start the end its last opening event saw.  Rows are
-    narrowed before the shuffle: codes travel as numbers, and columns only
-    the other end of an interval uses are nulled.
+    interval, which ends at its successor when that is a closing event (or
+    stays open when there is none).  A run of repeated opening events is
+    the one case the neighbours do not settle: its first event is kept as a
+    run start and its last one (whose successor is the run's end) as a run
+    end, and :func:`resolve_runs` joins the two.  Rows are narrowed
+    before the shuffle: codes travel as numbers, and columns only the other
+    end of an interval uses are nulled.
 
     The window is partitioned by a 64-bit hash of the key (``key_hash``,
     xxhash64).  By default the key columns follow the hash in the partition
-    spec, so keys never merge, at the price of comparing them in the sort
-    for every pair of events of one key.  With ``collisions`` the hash
-    alone partitions and events sort by (hash, ``ts``, ``seq``), which is
-    faster; each event is then compared with its predecessor and the
-    observation's metric :data:`KEY_COLLISIONS_METRIC` counts events whose
-    predecessor has the same hash but another key.  Zero means every hash
-    partition held one key and the result is exact; anything else means two
-    keys share a hash and the caller must compute again without
-    ``collisions`` (``rabbitflow-analyze`` does).
+    spec, so keys never merge, at the price of comparing them in the sort.
+    With ``collisions`` the hash alone partitions, which is faster, and
+    every event is compared with its predecessor through a second,
+    independent 64-bit hash of the key: the observation's metric
+    :data:`KEY_COLLISIONS_METRIC` counts events whose predecessor has the
+    same partition hash but another key hash.  Zero means no two keys met
+    in one partition (short of a simultaneous collision of both hashes,
+    about 2^-128 per pair of keys); anything else means the caller must
+    pair again without ``collisions`` (``rabbitflow-analyze`` does).
+
+    Returns the columns of :func:`flow_intervals` that the start provides,
+    the raw end columns, and private columns (names starting with ``_``)
+    for :func:`finish_intervals`.
     """
     reason = (
         F.col("malformed_reason")
@@ -353,96 +382,155 @@ def flow_intervals(
         kind = F.when(F.col("code").startswith(prefix), F.lit(value)).otherwise(kind)
     kind = F.when(reason.isNotNull(), F.lit(_MALFORMED)).otherwise(kind).cast("tinyint")
     opening = _is_opening(number)
-    typed = parsed.select(
-        "ts",
-        "seq",
+    keyed = parsed.select(
+        "*",
         number.alias("_code"),
         kind.alias("_kind"),
         reason.alias("_reason"),
-        # A channel's vhost is only reported with the block (its opening event).
-        F.when(opening | (kind != F.lit(_CHANNEL)), F.col("vhost")).alias("vhost"),
-        "queue",
-        "source",
-        "connection",
-        "channel",
-        "size",
-        "messages",
-        "message_capacity",
-        *(F.when(opening, F.col(c)).alias(c) for c in _OPEN_ONLY),
-        *(F.when(~opening, F.col(c)).alias(c) for c in _CLOSE_ONLY),
-    )
-    keyed = typed.select("*", key_hash(*_key_parts(F.col)).alias("_k_hash"))
+    ).select("*", key_hash(*_key_parts(F.col)).alias("_k_hash"))
     if collisions is None:
         # A 64-bit hash of the key leads the partition spec so the sort's
         # binary prefix tells almost all keys apart; the key columns follow,
         # so a hash collision cannot merge two keys.
         parts = _key_parts(F.col)
-        key_names = [f"_k{i}" for i in range(len(parts))]
-        keyed = keyed.select("*", *(p.alias(n) for p, n in zip(parts, key_names, strict=True)))
-        window = Window.partitionBy("_k_hash", *key_names).orderBy("ts", "seq")
+        partition = ["_k_hash", *(f"_k{i}" for i in range(len(parts)))]
+        checks = [p.alias(n) for p, n in zip(parts, partition[1:], strict=True)]
     else:
-        window = Window.partitionBy("_k_hash").orderBy("ts", "seq")
+        partition = ["_k_hash"]
+        # Salted, so it is independent of ``key_hash`` even when that is xxhash64.
+        checks = [F.xxhash64(F.lit("rabbitflow-key"), *_key_parts(F.col)).alias("_k_check")]
+    malformed_row = F.col("_kind") == F.lit(_MALFORMED)
+    # Rows are narrowed before the shuffle: what only an interval's start
+    # uses travels in one struct, null on closing events, and what only its
+    # end uses in another, null on opening events.  A null struct is one
+    # slot of the row, where separate columns would each take one.
+    typed = keyed.select(
+        "ts",
+        "seq",
+        "_code",
+        "_kind",
+        "_reason",
+        *partition[:1],
+        *checks,
+        F.when(
+            opening | malformed_row,
+            F.struct(*(F.col(c) for c in _START_COLUMNS)),
+        ).alias("_s"),
+        F.when(~opening & ~malformed_row, F.struct(*(F.col(c) for c in _CLOSE_COLUMNS))).alias(
+            "_e"
+        ),
+    )
+    window = Window.partitionBy(*partition).orderBy("ts", "seq")
 
     malformed = F.col("_kind") == F.lit(_MALFORMED)
     is_open = _is_opening(F.col("_code"))
     neighbours = [
         _is_opening(F.lag("_code").over(window)).alias("_prev_open"),
         _is_opening(F.lead("_code").over(window)).alias("_next_open"),
-        *(F.lead(source).over(window).alias(f"_n{name}") for name, source in _END_COLUMNS.items()),
+        F.lead("ts").over(window).alias("_n_ts"),
+        F.lead("_code").over(window).alias("_n_code"),
+        F.lead("_e").over(window).alias("_n_e"),
     ]
     if collisions is not None:
-
-        def previous(name: str) -> Column:
-            return F.lag(name).over(window)
-
-        same_key = F.lit(True)
-        for mine, theirs in zip(_key_parts(F.col), _key_parts(previous), strict=True):
-            same_key = same_key & mine.eqNullSafe(theirs)
-        neighbours.append((previous("_kind").isNotNull() & ~same_key).alias("_clash"))
-    marked = keyed.select("*", *neighbours)
+        previous = F.lag("_k_check").over(window)
+        neighbours.append((previous.isNotNull() & (previous != F.col("_k_check"))).alias("_clash"))
+    marked = typed.select("*", *neighbours)
+    starts = is_open & ~F.col("_prev_open")
+    run_start = starts & F.col("_next_open")
+    run_end = is_open & F.col("_prev_open") & ~F.col("_next_open")
     if collisions is not None:
         # Observed metrics cannot hold window functions: flag first, then count.
         marked = marked.observe(
-            collisions, F.count(F.when(F.col("_clash"), F.lit(1))).alias(KEY_COLLISIONS_METRIC)
+            collisions,
+            F.count(F.when(F.col("_clash"), F.lit(1))).alias(KEY_COLLISIONS_METRIC),
         )
-    starts = is_open & ~F.col("_prev_open")
-    run_end = is_open & F.col("_prev_open") & ~F.col("_next_open")
-    kept = marked.where(malformed | starts | run_end)
-    # The start of a run of opening events takes the end its run's last
-    # opening event saw: the next kept row of the key.
-    ended = kept.select(
-        *kept.columns,
-        *(
-            F.when(
-                ~malformed,
-                F.when(F.col("_next_open"), F.lead(f"_n{name}").over(window)).otherwise(
-                    F.col(f"_n{name}")
-                ),
-            ).alias(name)
-            for name in _END_COLUMNS
-        ),
+    role = (
+        F.when(malformed, F.lit(_SINGLE))
+        .when(run_start, F.lit(_RUN_START))
+        .when(run_end, F.lit(_RUN_END))
+        .otherwise(F.lit(_SINGLE))
+        .cast("tinyint")
     )
     kind_name: Column = F.lit(None).cast("string")
     for value, name in _KIND_NAMES.items():
         kind_name = F.when(F.col("_kind") == F.lit(value), F.lit(name)).otherwise(kind_name)
-    return ended.where(malformed | starts).select(
+    start = F.col("_s")
+    # The next event is the end when it closes: a closing event (or nothing).
+    ends = ~malformed & ~F.col("_next_open")
+    return marked.where(malformed | starts | run_end).select(
         kind_name.alias("kind"),
+        start["vhost"].alias("vhost"),
+        start["queue"].alias("queue"),
+        start["source"].alias("source"),
+        start["connection"].alias("connection"),
+        start["channel"].alias("channel"),
+        start["user"].alias("user"),
+        F.concat_ws(":", start["remote_host"], start["remote_port"].cast("string")).alias("remote"),
+        start["store"].alias("store"),
+        F.col("ts").alias("start"),
+        start["messages"].alias("start_messages"),
+        start["size"].alias("start_size"),
+        start["message_capacity"].alias("stop_count"),
+        start["capacity"].alias("stop_size"),
+        start["overfull_size"].alias("overfull_size"),
+        start["underfull_size"].alias("underfull_size"),
+        F.col("_reason").alias("reason"),
+        F.when(ends, F.col("_n_ts")).alias("end"),
+        F.when(ends, F.col("_n_code")).alias("_end_code"),
+        F.when(ends, F.col("_n_e")["messages"]).alias("end_messages"),
+        F.when(ends, F.col("_n_e")["size"]).alias("end_size"),
+        F.when(ends, F.col("_n_e")["message_capacity"]).alias("resume_count"),
+        F.when(ends, F.col("_n_e")["resume_capacity"]).alias("resume_size"),
+        role.alias("_run"),
+        F.col("seq").alias("_seq"),
+        *(F.col(name).alias(f"_p{i}") for i, name in enumerate(partition)),
+    )
+
+
+def resolve_runs(candidates: DataFrame) -> DataFrame:
+    """The run starts of :func:`pair_candidates` output, each with its run's end.
+
+    Each run start takes the end its run's last opening event saw: the next
+    run end of its key, found by a window over the run rows alone (few: a
+    run of repeated opens follows a gateway restart or a lost close).
+    Returns rows of the candidates' columns.
+    """
+    partition = sorted(c for c in candidates.columns if c.startswith("_p"))
+    window = Window.partitionBy(*partition).orderBy("start", "_seq")
+    runs = candidates.where(F.col("_run") != F.lit(_SINGLE))
+    return runs.select(
+        *(c for c in candidates.columns if c not in _END_COLUMNS),
+        *(F.lead(name).over(window).alias(name) for name in _END_COLUMNS),
+    ).where(F.col("_run") == F.lit(_RUN_START))
+
+
+def finish_intervals(candidates: DataFrame, resolved: DataFrame | None = None) -> DataFrame:
+    """The intervals (one row per interval and per malformed line) from :func:`pair_candidates`.
+
+    ``resolved`` is :func:`resolve_runs` of the same candidates, when the
+    caller computed it already (the job keeps it, being small); otherwise
+    it is computed here.
+    """
+    runs = resolve_runs(candidates) if resolved is None else resolved
+    rows = candidates.where(F.col("_run") == F.lit(_SINGLE)).unionByName(runs)
+    return rows.select(
+        "kind",
         "vhost",
         "queue",
         "source",
         "connection",
         "channel",
         "user",
-        F.concat_ws(":", F.col("remote_host"), F.col("remote_port").cast("string")).alias("remote"),
+        "remote",
         "store",
-        F.col("ts").alias("start"),
+        "start",
         "end",
-        _seconds_between(F.col("ts"), F.col("end")).alias("duration_s"),
+        _seconds_between(F.col("start"), F.col("end")).alias("duration_s"),
         F.col("end").isNull().alias("open"),
-        F.col("messages").alias("start_messages"),
-        F.col("size").alias("start_size"),
-        F.col("message_capacity").alias("stop_count"),
-        F.col("capacity").alias("stop_size"),
+        "start_messages",
+        "start_size",
+        "stop_count",
+        "stop_size",
         "overfull_size",
         "underfull_size",
         _code_text(F.col("_end_code")).alias("closed_by"),
@@ -450,7 +538,7 @@ def flow_intervals(
         "end_size",
         "resume_count",
         "resume_size",
-        F.col("_reason").alias("reason"),
+        "reason",
     )
 
 
