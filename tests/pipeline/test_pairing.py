@@ -165,3 +165,14 @@ def test_time_overfull_is_summed_exactly(spark: SparkSession) -> None:
         tf.queue_episodes(events), tf.channel_blocks(events), tf.observed_window(events)
     )
     assert summary.select("time_overfull_s").collect()[0][0] == 0.3
+
+
+def test_runs_resolved_apart_give_the_same_intervals(spark: SparkSession) -> None:
+    candidates = tf.pair_candidates(mixed_log(spark), collisions=Observation("keys"))
+    kept = candidates.localCheckpoint(eager=True)
+    resolved = tf.resolve_runs(kept).localCheckpoint(eager=True)
+    # Two runs of repeated opens: queue a at 2, 4, 6 and at 14, 15.
+    assert resolved.count() == 2
+    assert sorted_rows(tf.finish_intervals(kept, resolved)) == sorted_rows(
+        tf.flow_intervals(mixed_log(spark))
+    )
