@@ -19,6 +19,7 @@ to close the connection with.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -53,6 +54,7 @@ __all__ = [
     "decode_publish",
     "encode_method",
     "method_id",
+    "whole_message",
 ]
 
 PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
@@ -174,6 +176,30 @@ class FrameReader:
             pos = end
         self._pending = buffer[pos:]
         return buffer, frames
+
+
+def whole_message(buffer: bytes, frames: Sequence[FrameRef], index: int) -> int:
+    """The body size of the message whose content method is ``frames[index]``,
+    when its header and its single body frame follow it on the same channel
+    and the body is exactly as long as the header says; -1 otherwise (an
+    empty body, a body in several frames, a message split across reads, or
+    anything malformed, for the frame-by-frame path to judge)."""
+    if index + 2 >= len(frames):
+        return -1
+    method, header, body = frames[index], frames[index + 1], frames[index + 2]
+    channel = method.channel
+    if (
+        header.kind != FRAME_HEADER
+        or body.kind != FRAME_BODY
+        or header.channel != channel
+        or body.channel != channel
+        or header.end - header.start < 22  # 7 + class, weight, size, flags + end octet
+    ):
+        return -1
+    (size,) = _U64.unpack_from(buffer, header.start + 11)
+    if size == 0 or size != body.end - body.start - 8:
+        return -1
+    return int(size)
 
 
 def method_id(buffer: bytes, ref: FrameRef) -> tuple[int, int]:

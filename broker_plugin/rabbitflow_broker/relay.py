@@ -72,6 +72,7 @@ from rabbitflow_broker.frames import (
     decode_publish,
     encode_method,
     method_id,
+    whole_message,
 )
 from rabbitflow_broker.gateway import BlockedChannel, Gateway, Route
 from rabbitflow_broker.routing import RoutingError
@@ -94,6 +95,8 @@ PAUSE_BYTES = 1024 * 1024
 _INTERNAL_ERROR = 541
 _CLOSE_GRACE_S = 1.0
 _EMPTY: Route = frozenset()
+_PUBLISH = (60, 40)
+_DELIVER = (60, 60)
 
 # Synchronous requests whose *-Ok changes what the gateway knows.
 _OK_OF = {
@@ -495,7 +498,14 @@ class Relay(asyncio.Protocol):
         took a flowed channel past the back-pressure bound (the rest of the
         chunk stays in the frame reader)."""
         self._stop_reading = False
-        parts = self._process(buffer, frames, self._client_frame, self._to_upstream, self._stop)
+        parts = self._process(
+            buffer,
+            frames,
+            self._client_frame,
+            self._to_upstream,
+            stop=self._stop,
+            message=self._client_message,
+        )
         self._stop_reading = False
         return parts
 
@@ -599,7 +609,13 @@ class Relay(asyncio.Protocol):
         self._in_upstream_chunk = True
         try:
             buffer, frames = self._from_upstream.feed(data)
-            parts = self._process(buffer, frames, self._upstream_frame, self._to_client)
+            parts = self._process(
+                buffer,
+                frames,
+                self._upstream_frame,
+                self._to_client,
+                message=self._upstream_message,
+            )
         except FrameError as exc:
             self._log.error("bad frame from upstream", error=str(exc))
             client.write(
@@ -640,16 +656,33 @@ class Relay(asyncio.Protocol):
         frames: list[FrameRef],
         handler: Callable[[bytes, FrameRef], bool],
         injected: list[bytes],
+        *,
         stop: Callable[[bytes, list[FrameRef], int], bool] | None = None,
+        message: Callable[[bytes, list[FrameRef], int], int] | None = None,
     ) -> list[bytes]:
+        """Run ``handler`` over the frames; return the bytes to forward, in order.
+
+        ``message``, when given, may take a whole message at once (its
+        method, header and body frames, all forwarded): it returns how many
+        frames it took, 0 to leave the frame to ``handler``.
+        """
         parts: list[bytes] = []
         run_start = run_end = -1
-        for index, ref in enumerate(frames):
-            keep = handler(buffer, ref)
+        index, count = 0, len(frames)
+        while index < count:
+            ref = frames[index]
+            taken = message(buffer, frames, index) if message is not None else 0
+            if taken:
+                keep = True
+                index += taken - 1
+                end = frames[index].end
+            else:
+                keep = handler(buffer, ref)
+                end = ref.end
             if keep:
                 if run_start < 0:
                     run_start = ref.start
-                run_end = ref.end
+                run_end = end
             elif run_start >= 0:
                 parts.append(buffer[run_start:run_end])
                 run_start = -1
@@ -661,12 +694,76 @@ class Relay(asyncio.Protocol):
                 injected.clear()
             if stop is not None and stop(buffer, frames, index):
                 break
+            index += 1
         if run_start >= 0:
             if run_start == 0 and run_end == len(buffer):
                 parts.append(buffer)
             else:
                 parts.append(buffer[run_start:run_end])
         return parts
+
+    def _client_message(self, buffer: bytes, frames: list[FrameRef], index: int) -> int:
+        """A whole publish on an unflowed channel, as one unit (see :meth:`_process`).
+
+        Does what :meth:`_client_frame` does for its three frames, without
+        the per-frame bookkeeping; anything unusual is left to it.
+        """
+        ref = frames[index]
+        if ref.kind != FRAME_METHOD or method_id(buffer, ref) != _PUBLISH:
+            return 0
+        channel_no = ref.channel
+        channel = self._channels.get(channel_no) if channel_no else None
+        if (
+            channel is None
+            or channel.blockers
+            or channel.closed_by_gateway
+            or channel.publish is not None
+            or channel_no in self._upstream_closing
+            or self._client_content.mid_content(channel_no)
+        ):
+            return 0
+        size = whole_message(buffer, frames, index)
+        if size < 0:
+            return 0
+        publish = decode_publish(ref.payload(buffer))
+        channel.publish = (publish.exchange, publish.routing_key)
+        header = frames[index + 1].payload(buffer)
+        info = decode_content_header(header, want_headers=True)
+        self._published(
+            channel, size, info.headers, self.gateway.store_quota_on and persistent(header)
+        )
+        return 3
+
+    def _upstream_message(self, buffer: bytes, frames: list[FrameRef], index: int) -> int:
+        """A whole delivery, as one unit (see :meth:`_process`).
+
+        Does what :meth:`_upstream_frame` does for its three frames, without
+        the per-frame bookkeeping; anything unusual is left to it.
+        """
+        ref = frames[index]
+        if ref.kind != FRAME_METHOD or method_id(buffer, ref) != _DELIVER:
+            return 0
+        channel_no = ref.channel
+        channel = self._channels.get(channel_no) if channel_no else None
+        if (
+            channel is None
+            or channel.delivery is not None
+            or channel_no in self._upstream_closing
+            or self._upstream_content.mid_content(channel_no)
+        ):
+            return 0
+        size = whole_message(buffer, frames, index)
+        if size < 0:
+            return 0
+        deliver = decode_deliver(ref.payload(buffer))
+        consumer = channel.consumers.get(deliver.consumer_tag)
+        if consumer is not None:
+            queue, no_ack = consumer
+            if no_ack:
+                self.gateway.removed(self.vhost, queue, 1, size)
+            else:
+                channel.deliveries.delivered(deliver.delivery_tag, queue, size)
+        return 3
 
     # -- output --------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from rabbitflow_broker.frames import (
     decode_publish,
     encode_method,
     method_id,
+    whole_message,
 )
 
 
@@ -170,3 +171,39 @@ def test_other_channels_may_interleave() -> None:
     tracker.method(1, (60, 40))
     tracker.method(2, (20, 10))
     assert not tracker.mid_content(2)
+
+
+def test_whole_message_gives_the_body_size_of_a_complete_message() -> None:
+    buffer, frames = FrameReader().feed(_publish_frames(b"x" * 300))
+    assert whole_message(buffer, frames, 0) == 300
+
+
+def _split_body_publish(body: bytes) -> bytes:
+    half = len(body) // 2
+    return (
+        _publish_frames(body).rsplit(pamqp_frame.marshal(ContentBody(body), 1), 1)[0]
+        + pamqp_frame.marshal(ContentBody(body[:half]), 1)
+        + pamqp_frame.marshal(ContentBody(body[half:]), 1)
+    )
+
+
+def _other_channel_body(body: bytes) -> bytes:
+    return _publish_frames(body).rsplit(pamqp_frame.marshal(ContentBody(body), 1), 1)[
+        0
+    ] + pamqp_frame.marshal(ContentBody(body), 2)
+
+
+@pytest.mark.parametrize(
+    ("data", "index"),
+    [
+        (_publish_frames(b""), 0),  # empty body: no body frame
+        (_split_body_publish(b"0123456789"), 0),  # body in two frames
+        (_publish_frames(b"x" * 10)[:-12], 0),  # body not read yet
+        (_other_channel_body(b"x" * 10), 0),  # body on another channel
+        (_publish_frames(b"x" * 10), 1),  # not at a method
+    ],
+    ids=["empty", "split-body", "incomplete", "other-channel", "not-a-method"],
+)
+def test_whole_message_leaves_anything_unusual_to_the_frame_path(data: bytes, index: int) -> None:
+    buffer, frames = FrameReader().feed(data)
+    assert whole_message(buffer, frames, index) == -1

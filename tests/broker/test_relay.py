@@ -193,6 +193,24 @@ async def test_gateway_frame_waits_for_the_end_of_a_delivery(harness: Harness) -
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+async def test_deliveries_are_counted_alike_whole_or_split(harness: Harness, split: bool) -> None:
+    await harness.from_client(method(1, commands.Basic.Consume(queue="q", consumer_tag="ctag")))
+    await harness.from_upstream(method(1, commands.Basic.ConsumeOk("ctag")))
+    await harness.from_client(publish(1, "q", b"0123456789"))
+    chunks = message(
+        1, commands.Basic.Deliver("ctag", 1, False, "", "q"), b"0123456789", split_body=split
+    )
+    await harness.from_upstream(*chunks)
+    assert bytes(harness.client_out.data).endswith(b"".join(chunks))
+    depth = harness.gateway.depth.get(("/", "q"))
+    assert (depth.messages, depth.bytes) == (1, 10)
+    await harness.from_client(method(1, commands.Basic.Ack(delivery_tag=1)))
+    depth = harness.gateway.depth.get(("/", "q"))
+    assert (depth.messages, depth.bytes) == (0, 0)
+
+
+@pytest.mark.asyncio
 async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
     await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
     ((channel, close),) = harness.client_out.take()
