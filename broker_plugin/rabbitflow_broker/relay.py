@@ -702,30 +702,43 @@ class Relay(asyncio.Protocol):
                 parts.append(buffer[run_start:run_end])
         return parts
 
+    def _whole(
+        self,
+        buffer: bytes,
+        frames: list[FrameRef],
+        index: int,
+        ids: tuple[int, int],
+        content: ContentTracker,
+    ) -> tuple[_Channel, int] | None:
+        """The channel and body size when ``frames[index]`` starts a whole
+        ``ids`` message on an open channel in a plain state; None otherwise."""
+        ref = frames[index]
+        if ref.kind != FRAME_METHOD or method_id(buffer, ref) != ids:
+            return None
+        channel_no = ref.channel
+        channel = self._channels.get(channel_no) if channel_no else None
+        if (
+            channel is None
+            or channel_no in self._upstream_closing
+            or content.mid_content(channel_no)
+        ):
+            return None
+        size = whole_message(buffer, frames, index)
+        return None if size < 0 else (channel, size)
+
     def _client_message(self, buffer: bytes, frames: list[FrameRef], index: int) -> int:
         """A whole publish on an unflowed channel, as one unit (see :meth:`_process`).
 
         Does what :meth:`_client_frame` does for its three frames, without
         the per-frame bookkeeping; anything unusual is left to it.
         """
-        ref = frames[index]
-        if ref.kind != FRAME_METHOD or method_id(buffer, ref) != _PUBLISH:
+        found = self._whole(buffer, frames, index, _PUBLISH, self._client_content)
+        if found is None:
             return 0
-        channel_no = ref.channel
-        channel = self._channels.get(channel_no) if channel_no else None
-        if (
-            channel is None
-            or channel.blockers
-            or channel.closed_by_gateway
-            or channel.publish is not None
-            or channel_no in self._upstream_closing
-            or self._client_content.mid_content(channel_no)
-        ):
+        channel, size = found
+        if channel.blockers or channel.closed_by_gateway or channel.publish is not None:
             return 0
-        size = whole_message(buffer, frames, index)
-        if size < 0:
-            return 0
-        publish = decode_publish(ref.payload(buffer))
+        publish = decode_publish(frames[index].payload(buffer))
         channel.publish = (publish.exchange, publish.routing_key)
         header = frames[index + 1].payload(buffer)
         info = decode_content_header(header, want_headers=True)
@@ -740,22 +753,13 @@ class Relay(asyncio.Protocol):
         Does what :meth:`_upstream_frame` does for its three frames, without
         the per-frame bookkeeping; anything unusual is left to it.
         """
-        ref = frames[index]
-        if ref.kind != FRAME_METHOD or method_id(buffer, ref) != _DELIVER:
+        found = self._whole(buffer, frames, index, _DELIVER, self._upstream_content)
+        if found is None:
             return 0
-        channel_no = ref.channel
-        channel = self._channels.get(channel_no) if channel_no else None
-        if (
-            channel is None
-            or channel.delivery is not None
-            or channel_no in self._upstream_closing
-            or self._upstream_content.mid_content(channel_no)
-        ):
+        channel, size = found
+        if channel.delivery is not None:
             return 0
-        size = whole_message(buffer, frames, index)
-        if size < 0:
-            return 0
-        deliver = decode_deliver(ref.payload(buffer))
+        deliver = decode_deliver(frames[index].payload(buffer))
         consumer = channel.consumers.get(deliver.consumer_tag)
         if consumer is not None:
             queue, no_ack = consumer

@@ -459,12 +459,7 @@ def pair_candidates(
     ends = ~malformed & ~F.col("_next_open")
     return marked.where(malformed | starts | run_end).select(
         kind_name.alias("kind"),
-        start["vhost"].alias("vhost"),
-        start["queue"].alias("queue"),
-        start["source"].alias("source"),
-        start["connection"].alias("connection"),
-        start["channel"].alias("channel"),
-        start["user"].alias("user"),
+        *(start[c].alias(c) for c in ("vhost", "queue", "source", "connection", "channel", "user")),
         F.concat_ws(":", start["remote_host"], start["remote_port"].cast("string")).alias("remote"),
         start["store"].alias("store"),
         F.col("ts").alias("start"),
@@ -472,8 +467,7 @@ def pair_candidates(
         start["size"].alias("start_size"),
         start["message_capacity"].alias("stop_count"),
         start["capacity"].alias("stop_size"),
-        start["overfull_size"].alias("overfull_size"),
-        start["underfull_size"].alias("underfull_size"),
+        *(start[c].alias(c) for c in ("overfull_size", "underfull_size")),
         F.col("_reason").alias("reason"),
         F.when(ends, F.col("_n_ts")).alias("end"),
         F.when(ends, F.col("_n_code")).alias("_end_code"),

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
 from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+
+if TYPE_CHECKING:
+    from rabbitflow_broker.gateway import Gateway
+    from rabbitflow_broker.relay import Relay
 
 
 class FakeWriter:
@@ -111,3 +116,22 @@ class FakeTransport(FakeWriter):
         if not self.lost and self.protocol is not None:
             self.lost = True
             self.protocol.connection_lost(None)
+
+
+def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTransport]:
+    """A relay on in-memory transports: (relay, client side, upstream side).
+
+    The upstream connection opens as soon as the event loop runs.
+    """
+    from rabbitflow_broker.relay import Relay
+
+    upstream = FakeTransport()
+
+    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+        upstream.attach(factory())
+        return upstream
+
+    client = FakeTransport()
+    relay = Relay(gateway, connect=connect)
+    client.attach(relay)
+    return relay, client, upstream

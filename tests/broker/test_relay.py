@@ -21,7 +21,7 @@ from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved, Ev
 from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
-from tests.broker.fakes import FakeTransport
+from tests.broker.fakes import FakeTransport, connected_relay
 
 
 @dataclass
@@ -77,15 +77,8 @@ async def harness() -> AsyncIterator[Harness]:
     )
     gateway.routing.declare_queue("/", "q", {})
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
-    upstream_in = upstream_out = FakeTransport()
-
-    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
-        upstream_in.attach(factory())
-        return upstream_in
-
-    client_in = client_out = FakeTransport()
-    relay = Relay(gateway, connect=connect)
-    client_in.attach(relay)
+    relay, client_in, upstream_in = connected_relay(gateway)
+    client_out, upstream_out = client_in, upstream_in
     h = Harness(gateway, events, client_in, client_out, upstream_in, upstream_out)
     await h.from_client(PROTOCOL_HEADER, method(1, commands.Channel.Open()))
     upstream_out.take()

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -20,8 +19,8 @@ from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowIgnored, Event
 from rabbitflow_broker.frames import FRAME_BODY, PROTOCOL_HEADER, FrameReader
 from rabbitflow_broker.gateway import Gateway
-from rabbitflow_broker.relay import PAUSE_MESSAGES, Relay
-from tests.broker.fakes import FakeTransport
+from rabbitflow_broker.relay import PAUSE_MESSAGES
+from tests.broker.fakes import FakeTransport, connected_relay
 
 
 class Clock:
@@ -83,15 +82,8 @@ async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
     )
     gateway.routing.declare_queue("/", "q", {})
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
-    upstream_in = upstream_out = FakeTransport()
-
-    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
-        upstream_in.attach(factory())
-        return upstream_in
-
-    client_in = client_out = FakeTransport()
-    relay = Relay(gateway, connect=connect)
-    client_in.attach(relay)
+    relay, client_in, upstream_in = connected_relay(gateway)
+    client_out, upstream_out = client_in, upstream_in
     h = Harness(gateway, clock, events, client_in, client_out, upstream_out)
     await h.from_client(
         PROTOCOL_HEADER, start_ok(blocked_capable=blocked_capable), method(commands.Channel.Open())
