@@ -24,6 +24,7 @@ from aiohttp import web
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.persistence import (
     FileThresholdStore,
@@ -140,11 +141,22 @@ class GatewayService:
         Raises:
             OSError: a listen address cannot be bound.
         """
+        stored: dict[tuple[str, str], Thresholds] = {}
         try:
-            self.gateway.load_runtime_thresholds(await self.store.load())
+            stored = dict(await self.store.load())
+            self.gateway.load_runtime_thresholds(stored)
         except PersistenceError as exc:
             _log.warning("runtime thresholds not loaded", error=str(exc))
-        await self.refresh_routing()
+        if await self.refresh_routing():
+            # Thresholds are set only on existing queues and forgotten when
+            # the gateway sees one deleted; a queue deleted while no gateway
+            # ran leaves them behind: forget them now.
+            for key in stored:
+                if not self.gateway.routing.has_queue(*key):
+                    _log.info(
+                        "forgetting thresholds of a deleted queue", vhost=key[0], queue=key[1]
+                    )
+                    self.gateway.queue_deleted(*key)
         await self.reconcile_once(initial=True)
         await self.measure_store()
         host, port = self.config.listen_address
@@ -216,21 +228,25 @@ class GatewayService:
 
     # -- management-API loops --------------------------------------------------
 
-    async def refresh_routing(self) -> None:
-        """Swap in a fresh routing snapshot unless relayed changes raced it."""
+    async def refresh_routing(self) -> bool:
+        """Swap in a fresh routing snapshot unless relayed changes raced it.
+
+        Returns whether RabbitMQ answered (False: the last snapshot stays).
+        """
         version = self.gateway.routing_version
         try:
             exchanges, queues, bindings, policies = await self.management.routing_items()
             table = RoutingTable.from_management(exchanges, queues, bindings, policies)
         except (ManagementError, RoutingError) as exc:
             _log.warning("routing snapshot failed", error=str(exc))
-            return
+            return False
         if self.gateway.routing_version == version:
             self.gateway.routing.replace(table)
         for item in queues:
             self.gateway.queue_seen(
                 str(item["vhost"]), str(item["name"]), _arguments(item), _policy(item)
             )
+        return True
 
     async def reconcile_once(self, *, initial: bool = False) -> None:
         """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile."""
