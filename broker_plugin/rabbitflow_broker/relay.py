@@ -772,15 +772,20 @@ class Relay(asyncio.Protocol):
     # -- output --------------------------------------------------------------
 
     def _send_client(self, channel: int, data: bytes) -> None:
-        """Send a frame of the gateway's own to the client, in a safe place."""
-        if self._in_upstream_chunk:
-            if self._upstream_content.mid_content(channel):
-                self._deferred.append((channel, data))
-            else:
-                self._to_client.append(data)
+        """Send a frame of the gateway's own to the client, in a safe place.
+
+        A frame for a channel in the middle of a delivered message waits
+        until the message is written, and so does every later frame for
+        that channel: a channel's frames never overtake each other.
+        """
+        deferred = self._deferred
+        if self._upstream_content.mid_content(channel) or (
+            deferred and any(waiting == channel for waiting, _ in deferred)
+        ):
+            deferred.append((channel, data))
             return
-        if self._upstream_content.mid_content(channel):
-            self._deferred.append((channel, data))
+        if self._in_upstream_chunk:
+            self._to_client.append(data)
             return
         client = self._client
         if client is not None and not client.is_closing():
@@ -1253,7 +1258,7 @@ class Relay(asyncio.Protocol):
         ):
             return True
         for confirm in confirms:
-            self._to_client.append(_confirm_frame(number, confirm))
+            self._send_client(number, _confirm_frame(number, confirm))
         return False
 
     def _u_commit_ok(self, channel: _Channel | None, number: int, _p: bytes) -> bool:

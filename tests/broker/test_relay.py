@@ -203,6 +203,53 @@ async def test_deliveries_are_counted_alike_whole_or_split(harness: Harness, spl
     assert (depth.messages, depth.bytes) == (0, 0)
 
 
+def _flows(data: bytes, channel: int) -> list[bool]:
+    """The ``active`` flags of the Channel.Flow frames sent on ``channel``, in order."""
+    buffer, frames = FrameReader().feed(data)
+    methods = [
+        decode_method(f.payload(buffer)) for f in frames if f.kind == 1 and f.channel == channel
+    ]
+    return [m.active for m in methods if isinstance(m, commands.Channel.Flow)]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("unflowing_channel", [1, 2], ids=["same-channel", "other-channel"])
+async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channel: int) -> None:
+    # Channel 1 publishes to q; both channels consume q without acks.  Flow(false)
+    # for channel 1 waits behind a half-written delivery on channel 1; later
+    # deliveries in the same read (on either channel) unflow the queue, and
+    # Flow(true) must come after Flow(false).
+    gateway = Gateway(GatewayConfig(), sink=lambda event: None)
+    gateway.routing.declare_queue("/", "q", {})
+    gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 2, "qpid.flow_resume_count": 2})
+    relay, client, upstream = connected_relay(gateway)
+    h = Harness(gateway, [], client, client, upstream, upstream)
+    await h.from_client(
+        PROTOCOL_HEADER, method(1, commands.Channel.Open()), method(2, commands.Channel.Open())
+    )
+    for number in (1, 2):
+        consume = commands.Basic.Consume(queue="q", consumer_tag=f"c{number}", no_ack=True)
+        await h.from_client(method(number, consume))
+        await h.from_upstream(method(number, commands.Basic.ConsumeOk(f"c{number}")))
+    await h.from_client(publish(1, "q"), publish(1, "q"))
+    first, rest = message(
+        1, commands.Basic.Deliver("c1", 1, False, "", "q"), b"0123456789", split_body=True
+    )
+    await h.from_upstream(first)
+    await h.from_client(publish(1, "q"), publish(1, "q"))  # overfull: channel 1 flowed
+    tag = f"c{unflowing_channel}"
+    deliveries = [
+        message(unflowing_channel, commands.Basic.Deliver(tag, n, False, "", "q"), b"a")[0]
+        for n in (2, 3)
+    ]
+    await h.from_upstream(rest + b"".join(deliveries))  # depth back to 2: unflowed
+    assert not relay._channels[1].blockers
+    assert _flows(bytes(client.data), 1) == [False, True]
+    client.feed_eof()
+    upstream.feed_eof()
+    await asyncio.wait_for(relay.wait_closed(), 5)
+
+
 @pytest.mark.asyncio
 async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
     await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
