@@ -13,7 +13,9 @@ confirms, ``Channel.Close`` 406).
 
 Frames the gateway sends on its own to a channel in the middle of a
 delivered message wait until that message's last body frame is written:
-AMQP forbids interleaving frames of one channel within a content.
+AMQP forbids interleaving frames of one channel within a content; later
+frames of the gateway's own for that channel wait behind them, so a
+channel's frames keep their order.
 
 Flow control never stops the upstream→client direction, so deliveries
 keep flowing to consumers while producers are blocked (a client's own acks
