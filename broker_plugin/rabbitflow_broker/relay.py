@@ -737,16 +737,11 @@ class Relay(asyncio.Protocol):
         found = self._whole(buffer, frames, index, _PUBLISH, self._client_content)
         if found is None:
             return 0
-        channel, size = found
-        if channel.blockers or channel.closed_by_gateway or channel.publish is not None:
+        channel, _size = found
+        if channel.blockers or channel.closed_by_gateway:
             return 0
-        publish = decode_publish(frames[index].payload(buffer))
-        channel.publish = (publish.exchange, publish.routing_key)
-        header = frames[index + 1].payload(buffer)
-        info = decode_content_header(header, want_headers=True)
-        self._published(
-            channel, size, info.headers, self.gateway.store_quota_on and persistent(header)
-        )
+        self._start_publish(channel, frames[index].payload(buffer))
+        self._publish_header(channel, frames[index + 1].payload(buffer))
         return 3
 
     def _upstream_message(self, buffer: bytes, frames: list[FrameRef], index: int) -> int:
@@ -759,16 +754,8 @@ class Relay(asyncio.Protocol):
         if found is None:
             return 0
         channel, size = found
-        if channel.delivery is not None:
-            return 0
-        deliver = decode_deliver(frames[index].payload(buffer))
-        consumer = channel.consumers.get(deliver.consumer_tag)
-        if consumer is not None:
-            queue, no_ack = consumer
-            if no_ack:
-                self.gateway.removed(self.vhost, queue, 1, size)
-            else:
-                channel.deliveries.delivered(deliver.delivery_tag, queue, size)
+        self._u_deliver(channel, channel.number, frames[index].payload(buffer))
+        self._delivered(channel, size)
         return 3
 
     # -- output --------------------------------------------------------------
@@ -814,14 +801,7 @@ class Relay(asyncio.Protocol):
         if kind == FRAME_HEADER:
             payload = ref.payload(buffer)
             if channel is not None and channel.publish is not None:
-                info = decode_content_header(payload, want_headers=True)
-                self._client_content.header(channel_no, info.body_size)
-                self._published(
-                    channel,
-                    info.body_size,
-                    info.headers,
-                    self.gateway.store_quota_on and persistent(payload),
-                )
+                self._client_content.header(channel_no, self._publish_header(channel, payload))
             else:
                 info = decode_content_header(payload, want_headers=False)
                 self._client_content.header(channel_no, info.body_size)
@@ -965,9 +945,33 @@ class Relay(asyncio.Protocol):
         assert channel is not None
         if self._flow_ignored(channel):
             return False
+        self._start_publish(channel, payload)
+        return True
+
+    def _start_publish(self, channel: _Channel, payload: bytes) -> None:
+        """Note where the channel's publish goes, until its header gives the size.
+
+        Raises:
+            FrameError: malformed Basic.Publish.
+        """
         publish = decode_publish(payload)
         channel.publish = (publish.exchange, publish.routing_key)
-        return True
+
+    def _publish_header(self, channel: _Channel, payload: bytes) -> int:
+        """The content header of the channel's publish: account for the
+        message (:meth:`_published`); returns its body size.
+
+        Raises:
+            FrameError: malformed header.
+        """
+        info = decode_content_header(payload, want_headers=True)
+        self._published(
+            channel,
+            info.body_size,
+            info.headers,
+            self.gateway.store_quota_on and persistent(payload),
+        )
+        return info.body_size
 
     def _published(
         self,
@@ -1062,13 +1066,8 @@ class Relay(asyncio.Protocol):
         if kind == FRAME_HEADER:
             info = decode_content_header(ref.payload(buffer), want_headers=False)
             self._upstream_content.header(channel_no, info.body_size)
-            if channel is not None and channel.delivery is not None:
-                queue, tag, no_ack = channel.delivery
-                channel.delivery = None
-                if no_ack:
-                    self.gateway.removed(self.vhost, queue, 1, info.body_size)
-                else:
-                    channel.deliveries.delivered(tag, queue, info.body_size)
+            if channel is not None:
+                self._delivered(channel, info.body_size)
             return True
         if kind != FRAME_METHOD:
             return True
@@ -1231,6 +1230,18 @@ class Relay(asyncio.Protocol):
         if consumer is not None:
             channel.delivery = (consumer[0], deliver.delivery_tag, consumer[1])
         return True
+
+    def _delivered(self, channel: _Channel, size: int) -> None:
+        """The content header of a delivery announced on the channel (Deliver
+        or Get-Ok to a known consumer) gave its size: count it."""
+        if channel.delivery is None:
+            return
+        queue, tag, no_ack = channel.delivery
+        channel.delivery = None
+        if no_ack:
+            self.gateway.removed(self.vhost, queue, 1, size)
+        else:
+            channel.deliveries.delivered(tag, queue, size)
 
     def _u_confirm(self, channel: _Channel | None, number: int, payload: bytes) -> bool:
         assert channel is not None
