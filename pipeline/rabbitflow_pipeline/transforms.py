@@ -249,8 +249,9 @@ KEY_COLLISIONS_METRIC = "key_collisions"
 #: A column function hashing the key columns to a long (``F.xxhash64``).
 KeyHash = Callable[..., Column]
 
-# Columns only an opening event contributes to an interval, and only a
-# closing one: each is nulled on the other kind of event before the shuffle.
+# What an interval takes from its opening event (key, start numbers,
+# thresholds) and from its closing event: each set travels through the
+# shuffle in a struct that is null on the other kind of event.
 _START_COLUMNS = (
     "vhost",
     "queue",
@@ -399,7 +400,7 @@ def pair_candidates(
         partition = ["_k_hash"]
         # Salted, so it is independent of ``key_hash`` even when that is xxhash64.
         checks = [F.xxhash64(F.lit("rabbitflow-key"), *_key_parts(F.col)).alias("_k_check")]
-    malformed_row = F.col("_kind") == F.lit(_MALFORMED)
+    malformed = F.col("_kind") == F.lit(_MALFORMED)
     # Rows are narrowed before the shuffle: what only an interval's start
     # uses travels in one struct, null on closing events, and what only its
     # end uses in another, null on opening events.  A null struct is one
@@ -410,19 +411,16 @@ def pair_candidates(
         "_code",
         "_kind",
         "_reason",
-        *partition[:1],
+        "_k_hash",
         *checks,
         F.when(
-            opening | malformed_row,
+            opening | malformed,
             F.struct(*(F.col(c) for c in _START_COLUMNS)),
         ).alias("_s"),
-        F.when(~opening & ~malformed_row, F.struct(*(F.col(c) for c in _CLOSE_COLUMNS))).alias(
-            "_e"
-        ),
+        F.when(~opening & ~malformed, F.struct(*(F.col(c) for c in _CLOSE_COLUMNS))).alias("_e"),
     )
     window = Window.partitionBy(*partition).orderBy("ts", "seq")
 
-    malformed = F.col("_kind") == F.lit(_MALFORMED)
     is_open = _is_opening(F.col("_code"))
     neighbours = [
         _is_opening(F.lag("_code").over(window)).alias("_prev_open"),
