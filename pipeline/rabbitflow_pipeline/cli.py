@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ SPARK_CONF = {
 WINDOW_SCHEMA = "window_start timestamp, window_end timestamp, window_s double"
 TIMELINE_BUCKETS = 240
 TIMELINE_QUEUES = 30
+#: Threads submitting the job's independent Spark jobs (see :func:`analyze`).
+_JOB_THREADS = 4
 
 
 class QueueLimitsError(ValueError):
@@ -128,9 +131,7 @@ def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     """Lines of text files (globs allowed) with the file each came from (``source``)."""
     if not paths:
         return spark.createDataFrame([], LINES_SCHEMA)
-    return spark.read.text(list(paths)).select(
-        "value", F.col("_metadata.file_path").alias("source")
-    )
+    return spark.read.text(list(paths)).select("value", F.input_file_name().alias("source"))
 
 
 def read_events(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -138,14 +139,16 @@ def read_events(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
 
     Spark's JSON source with the explicit schema: no inference pass, a line
     that is not JSON lands in the corrupt-record column, blank lines are
-    skipped.
+    skipped.  ``source`` is ``input_file_name()``, the same URI as the
+    ``_metadata.file_path`` column but about a third cheaper per line
+    (measured on the benchmark logs).
     """
     return (
         spark.read.schema(EVENT_WIRE_SCHEMA)
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
         .json(list(paths))
-        .select("*", F.col("_metadata.file_path").alias("source"))
+        .select("*", F.input_file_name().alias("source"))
     )
 
 
@@ -211,6 +214,28 @@ def _write(df: DataFrame, out: Path, name: str) -> None:
     df.write.mode("overwrite").parquet(str(out / name))
 
 
+def _window_frame(spark: SparkSession, start_us: int | None, end_us: int | None) -> DataFrame:
+    """The one-row observed window (:data:`WINDOW_SCHEMA`) from its bounds in microseconds.
+
+    Built from literals, not ``createDataFrame``: a DataFrame of Python rows
+    starts a Python worker to read them back (about 2 s in local mode).
+    """
+    start = F.lit(start_us).cast("long")
+    end = F.lit(end_us).cast("long")
+    return spark.range(1).select(
+        F.timestamp_micros(start).alias("window_start"),
+        F.timestamp_micros(end).alias("window_end"),
+        ((end - start) / F.lit(1_000_000.0)).alias("window_s"),
+    )
+
+
+def _materialize_and_write(df: DataFrame, out: Path, name: str) -> DataFrame:
+    """:func:`_materialize` ``df``, then write it as table ``name``; returns the kept rows."""
+    kept = _materialize(df)
+    _write(kept, out, name)
+    return kept
+
+
 def _materialize(df: DataFrame) -> DataFrame:
     """Compute ``df`` once and keep its rows on the executors (a local checkpoint).
 
@@ -252,97 +277,145 @@ def analyze(
         mark = now
 
     out.mkdir(parents=True, exist_ok=True)
-    # One pass over the input: parse, count and time-bound it on the fly
-    # (observe), pair every kind of event in one shuffle partitioned by the
-    # key hash alone, and keep only the paired intervals.
-    stats = Observation("events")
-    classified = tf.classify_events(read_events(spark, event_paths))
-    parsed = classified.observe(
-        stats,
-        F.count(F.lit(1)).alias("lines"),
-        F.count("malformed_reason").alias("malformed"),
-        F.min(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_start"),
-        F.max(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_end"),
-    )
-    collisions = Observation("keys")
-    candidates = _materialize(tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash))
-    counts = stats.get
-    if collisions.get[tf.KEY_COLLISIONS_METRIC]:
-        # Two keys share a hash (astronomically rare with 64 bits): pair
-        # again with the key columns in the partition spec.
-        candidates = _materialize(tf.pair_candidates(classified, key_hash=key_hash))
-    # The intervals are the candidates plus the few resolved runs of
-    # repeated opens: kept apart, so the candidates are not copied again.
-    intervals = tf.finish_intervals(candidates, _materialize(tf.resolve_runs(candidates)))
-    phase("parse+pair")
-
-    window_start, window_end = counts["window_start"], counts["window_end"]
-    span = (window_end - window_start).total_seconds() if window_start and window_end else None
-    window = spark.createDataFrame([(window_start, window_end, span)], WINDOW_SCHEMA)
-
-    episodes = tf.episodes_from(intervals)
-    blocks = tf.channel_blocks_from(intervals)
-    stores = tf.store_episodes_from(intervals)
-    episode_stats = Observation("episodes")
-    _write(
-        episodes.observe(
-            episode_stats,
-            F.count(F.lit(1)).alias("n"),
-            F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
-        ),
-        out,
-        "episodes",
-    )
-    block_stats = Observation("channel_blocks")
-    _write(
-        blocks.observe(
-            block_stats,
-            F.count(F.lit(1)).alias("n"),
-            *tf.histogram_metrics(F.col("duration_s"), "block"),
-        ),
-        out,
-        "channel_blocks",
-    )
-    store_stats = Observation("store_episodes")
-    _write(stores.observe(store_stats, F.count(F.lit(1)).alias("n")), out, "store_episodes")
-    phase("write episodes/blocks/store")
-
-    # One aggregation of the episodes serves the summary and the advice.
-    queue_stats = _materialize(tf.queue_episode_stats(episodes, window))
-    summary = _materialize(tf.queue_summary_from(queue_stats, blocks, window))
-    _write(summary, out, "queue_summary")
-    phase("queue_summary")
-
-    parsed_client = _materialize(tf.parse_client_lines(read_lines(spark, client_paths)))
-    client = tf.client_flow_records(parsed_client)
-    delay_stats = Observation("send_delays")
-    waits = F.col("flow_event").isin("send_delayed", "send_failed")
-    delays = _materialize(
-        tf.send_delays(
-            client.observe(
-                delay_stats,
-                *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
-            )
+    # Independent Spark jobs are submitted from a few threads: Spark runs
+    # them one after the other in submission order (FIFO), and a later job
+    # takes the cores an earlier one leaves idle (its last tasks, the
+    # driver's planning between jobs).  Each table is computed exactly as
+    # it would be in sequence; only the scheduling overlaps.
+    with ThreadPoolExecutor(max_workers=_JOB_THREADS, thread_name_prefix="analyze") as pool:
+        # One pass over the input: parse, count and time-bound it on the
+        # fly (observe), pair every kind of event in one shuffle partitioned
+        # by the key hash alone, and keep only the paired intervals.
+        stats = Observation("events")
+        classified = tf.classify_events(read_events(spark, event_paths))
+        parsed = classified.observe(
+            stats,
+            F.count(F.lit(1)).alias("lines"),
+            F.count("malformed_reason").alias("malformed"),
+            F.min(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_start"),
+            F.max(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_end"),
+            F.min(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
+                "window_start_us"
+            ),
+            F.max(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
+                "window_end_us"
+            ),
         )
-    )
-    _write(delays, out, "send_delays")
-    limits = None
-    if queue_limits is not None:
-        limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
-    advice = _materialize(tf.advice_from(queue_stats, client, limits))
-    _write(advice, out, "advice")
-    malformed = _materialize(tf.malformed_from(intervals, parsed_client))
-    _write(malformed, out, "malformed")
-    phase("client+advice+malformed")
+        collisions = Observation("keys")
+        paired = pool.submit(
+            _materialize, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
+        )
+        # The client logs do not depend on the pairing: read them alongside.
+        client_parsed = pool.submit(
+            _materialize, tf.parse_client_lines(read_lines(spark, client_paths))
+        )
+        candidates = paired.result()
+        counts = stats.get
+        if collisions.get[tf.KEY_COLLISIONS_METRIC]:
+            # Two keys share a hash (astronomically rare with 64 bits): pair
+            # again with the key columns in the partition spec.
+            candidates = _materialize(tf.pair_candidates(classified, key_hash=key_hash))
+        # The intervals are the candidates plus the few resolved runs of
+        # repeated opens: kept apart, so the candidates are not copied again.
+        intervals = tf.finish_intervals(candidates, _materialize(tf.resolve_runs(candidates)))
+        phase("parse+pair")
 
-    by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
-    top = by_overfull.limit(TIMELINE_QUEUES)
-    timeline = tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS)
+        window_start, window_end = counts["window_start"], counts["window_end"]
+        window = _window_frame(spark, counts["window_start_us"], counts["window_end_us"])
+        episodes = tf.episodes_from(intervals)
+        blocks = tf.channel_blocks_from(intervals)
+        stores = tf.store_episodes_from(intervals)
+        episode_stats = Observation("episodes")
+        block_stats = Observation("channel_blocks")
+        store_stats = Observation("store_episodes")
+        writes = [
+            pool.submit(
+                _write,
+                episodes.observe(
+                    episode_stats,
+                    F.count(F.lit(1)).alias("n"),
+                    F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+                ),
+                out,
+                "episodes",
+            ),
+            pool.submit(
+                _write,
+                blocks.observe(
+                    block_stats,
+                    F.count(F.lit(1)).alias("n"),
+                    *tf.histogram_metrics(F.col("duration_s"), "block"),
+                ),
+                out,
+                "channel_blocks",
+            ),
+            pool.submit(
+                _write,
+                stores.observe(store_stats, F.count(F.lit(1)).alias("n")),
+                out,
+                "store_episodes",
+            ),
+        ]
+        # One aggregation of the episodes serves the summary and the advice.
+        episode_aggregates = pool.submit(_materialize, tf.queue_episode_stats(episodes, window))
+        parsed_client = client_parsed.result()
+        client = tf.client_flow_records(parsed_client)
+        delay_stats = Observation("send_delays")
+        waits = F.col("flow_event").isin("send_delayed", "send_failed")
+        delays_done = pool.submit(
+            _materialize_and_write,
+            tf.send_delays(
+                client.observe(
+                    delay_stats,
+                    *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
+                )
+            ),
+            out,
+            "send_delays",
+        )
+        malformed_done = pool.submit(
+            _materialize_and_write, tf.malformed_from(intervals, parsed_client), out, "malformed"
+        )
+        queue_stats = episode_aggregates.result()
+        summary_done = pool.submit(
+            _materialize_and_write,
+            tf.queue_summary_from(queue_stats, blocks, window),
+            out,
+            "queue_summary",
+        )
+        limits = None
+        if queue_limits is not None:
+            limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
+        advice = _materialize_and_write(tf.advice_from(queue_stats, client, limits), out, "advice")
+        summary = summary_done.result()
+        delays = delays_done.result()
+        malformed = malformed_done.result()
+        for done in writes:
+            done.result()
+        phase("tables")
+
+        by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
+        top = by_overfull.limit(TIMELINE_QUEUES)
+        queries = {
+            "summary": by_overfull.limit(50),
+            "timeline": tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS),
+            "timeline_queues": top.select("vhost", "queue"),
+            "advice": advice.orderBy(
+                F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")
+            ).limit(100),
+            "malformed": malformed.orderBy(F.desc("count")).limit(200),
+            "store_episodes": stores.orderBy("start").limit(50),
+            "send_delays": delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20),
+            "queues_with_episodes": summary.where(F.col("flow_stopped_count") > 0).select(
+                F.count(F.lit(1)).alias("n")
+            ),
+        }
+        rows = dict(zip(queries, pool.map(_rows, queries.values()), strict=True))
     episode_counts = episode_stats.get
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]),
         "malformed lines": int(counts["malformed"]),
-        "queues with episodes": summary.where(F.col("flow_stopped_count") > 0).count(),
+        "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
         "flow episodes": int(episode_counts["n"]),
         "open episodes": int(episode_counts["open"]),
         "channel blocks": int(block_stats.get["n"]),
@@ -353,18 +426,16 @@ def analyze(
         window_start=window_start,
         window_end=window_end,
         totals=totals,
-        summary=_rows(by_overfull.limit(50)),
-        timeline=_rows(timeline),
+        summary=rows["summary"],
+        timeline=rows["timeline"],
         timeline_buckets=TIMELINE_BUCKETS,
-        timeline_queues=_rows(top.select("vhost", "queue")),
+        timeline_queues=rows["timeline_queues"],
         block_histogram=tf.histogram_rows(block_stats.get, "block"),
         delay_histogram=tf.histogram_rows(delay_stats.get, "delay"),
-        advice=_rows(
-            advice.orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")).limit(100)
-        ),
-        malformed=_rows(malformed.orderBy(F.desc("count")).limit(200)),
-        store_episodes=_rows(stores.orderBy("start").limit(50)),
-        send_delays=_rows(delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20)),
+        advice=rows["advice"],
+        malformed=rows["malformed"],
+        store_episodes=rows["store_episodes"],
+        send_delays=rows["send_delays"],
     )
     (out / "report.html").write_text(render_report(data), encoding="utf-8")
     phase("report")
