@@ -18,16 +18,46 @@ times and the ratio per round (target: analysis <= 2.5x baseline).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from rabbitflow_pipeline.cli import AnalysisResult, analyze, build_session
 from rabbitflow_pipeline.generate import generate
 
 TARGET_RATIO = 2.5
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side's wall time and the Spark JVM's CPU time (all its threads) meanwhile."""
+
+    seconds: float
+    cpu_seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.seconds:8.1f}s (JVM CPU {self.cpu_seconds:6.1f}s)"
+
+
+def _jvm_cpu(spark: SparkSession) -> float:
+    """CPU seconds (user + system, all threads) the driver JVM has used so far.
+
+    In local mode the executor runs in that JVM too.  Read from Linux's
+    ``/proc/<pid>/stat``.
+    """
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the Spark session has no JVM")
+    pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # Fields 14 and 15 of stat(5) (utime, stime), counted after the ")".
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _logs(root: Path, events: int, queues: int, days: float) -> tuple[list[str], list[str]]:
@@ -62,7 +92,7 @@ def main() -> int:
 
     gateway, client = _logs(args.dir, args.events, args.queues, args.days)
     size = sum(Path(p).stat().st_size for p in gateway + client)
-    rounds: list[tuple[float, float, AnalysisResult]] = []
+    rounds: list[tuple[Side, Side, AnalysisResult]] = []
     rows = 0
     out = args.dir / "out"
     for _ in range(args.rounds):
@@ -73,13 +103,14 @@ def main() -> int:
         try:
             # Warm the JSON parser (class loading, JIT) before the baseline.
             spark.read.json(gateway[:1]).limit(1000).count()
-            started = time.monotonic()
+            cpu, started = _jvm_cpu(spark), time.monotonic()
             rows = spark.read.json(gateway + client).count()
-            baseline = time.monotonic() - started
+            baseline = Side(time.monotonic() - started, _jvm_cpu(spark) - cpu)
             shutil.rmtree(out, ignore_errors=True)
-            started = time.monotonic()
+            cpu, started = _jvm_cpu(spark), time.monotonic()
             result = analyze(spark, gateway, out, client_paths=client)
-            rounds.append((baseline, time.monotonic() - started, result))
+            analysis = Side(time.monotonic() - started, _jvm_cpu(spark) - cpu)
+            rounds.append((baseline, analysis, result))
         finally:
             spark.stop()
 
@@ -88,22 +119,23 @@ def main() -> int:
         f"{rows:,} lines; master {args.master}"
     )
     for number, (baseline, analysis, result) in enumerate(rounds, 1):
-        ratio = analysis / baseline
+        ratio = analysis.seconds / baseline.seconds
         # Round 1 runs the analysis's own code (sort, window, aggregation,
         # Parquet writer) for the first time in this JVM; later rounds run
         # it warm, as the baseline's JSON reader already is.
         state = "first run of the analysis code in this JVM" if number == 1 else "warm"
         print(f"round {number} ({state}):")
-        print(f"  baseline spark.read.json(files).count(): {baseline:8.1f}s")
+        print(f"  baseline spark.read.json(files).count(): {baseline}")
         print(
-            f"  analysis (all tables + report.html):      {analysis:8.1f}s "
+            f"  analysis (all tables + report.html):      {analysis} "
             f"({result.events:,} events, {result.episodes:,} episodes)"
         )
         for name, seconds in result.phases.items():
             print(f"    {name:<26} {seconds:6.1f}s")
         print(
             f"  ratio analysis/baseline: {ratio:.2f}x (target <= {TARGET_RATIO}x) "
-            f"{'OK' if ratio <= TARGET_RATIO else 'OVER TARGET'}"
+            f"{'OK' if ratio <= TARGET_RATIO else 'OVER TARGET'}; "
+            f"JVM CPU ratio {analysis.cpu_seconds / baseline.cpu_seconds:.2f}x"
         )
     return 0
 
