@@ -287,7 +287,10 @@ def analyze(
         # fly (observe), pair every kind of event in one shuffle partitioned
         # by the key hash alone, and keep only the paired intervals.
         stats = Observation("events")
+        # Both inputs are resolved first, so a path that matches nothing
+        # fails before any job starts.
         classified = tf.classify_events(read_events(spark, event_paths))
+        client_lines = read_lines(spark, client_paths)
         parsed = classified.observe(
             stats,
             F.count(F.lit(1)).alias("lines"),
@@ -306,9 +309,7 @@ def analyze(
             _materialize, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
         )
         # The client logs do not depend on the pairing: read them alongside.
-        client_parsed = pool.submit(
-            _materialize, tf.parse_client_lines(read_lines(spark, client_paths))
-        )
+        client_parsed = pool.submit(_materialize, tf.parse_client_lines(client_lines))
         candidates = paired.result()
         counts = stats.get
         if collisions.get[tf.KEY_COLLISIONS_METRIC]:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
@@ -67,6 +68,23 @@ def test_analyze_writes_every_table_and_the_report(
     assert "<svg" in report
     assert "orders" in report
     assert "<script" not in report
+
+
+@pytest.mark.parametrize("which", ["events", "client"])
+def test_analyze_refuses_a_path_that_matches_nothing_before_writing(
+    spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]], which: str
+) -> None:
+    events, client = logs
+    missing = [str(tmp_path / "nowhere-*.jsonl")]
+    out = tmp_path / "out"
+    with pytest.raises(AnalysisException, match="PATH_NOT_FOUND"):
+        analyze(
+            spark,
+            missing if which == "events" else events,
+            out,
+            client_paths=missing if which == "client" else client,
+        )
+    assert list(out.iterdir()) == []
 
 
 def test_parse_queue_limits_reads_own_and_management_formats() -> None:
