@@ -66,7 +66,16 @@ SPARK_CONF = {
     # buffer; past 128 groups per task Spark would sort the episodes
     # instead of hashing them (measured: about twice as slow at 300 queues).
     "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "65536",
+    # Timestamps as Parquet's int64 TIMESTAMP_MICROS instead of Spark's
+    # legacy INT96 default (deprecated in Parquet): the interval tables
+    # write about 30% faster (measured on the benchmark logs).
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
+
+#: Columns whose values are nearly all distinct (times and durations): a
+#: Parquet dictionary for them is built, outgrows its page and is dropped,
+#: so the writer is told not to try.
+_UNIQUE_COLUMNS = ("start", "end", "duration_s", "first_seen", "last_seen")
 
 WINDOW_SCHEMA = "window_start timestamp, window_end timestamp, window_s double"
 TIMELINE_BUCKETS = 240
@@ -211,7 +220,8 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 
 
 def _write(df: DataFrame, out: Path, name: str) -> None:
-    df.write.mode("overwrite").parquet(str(out / name))
+    plain = {f"parquet.enable.dictionary#{c}": "false" for c in _UNIQUE_COLUMNS if c in df.columns}
+    df.write.mode("overwrite").options(**plain).parquet(str(out / name))
 
 
 def _window_frame(spark: SparkSession, start_us: int | None, end_us: int | None) -> DataFrame:
