@@ -10,6 +10,7 @@ under ``spark-submit`` (which supplies the master); see docs/pipeline.md.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -77,7 +78,7 @@ SPARK_CONF = {
 #: so the writer is told not to try.
 _UNIQUE_COLUMNS = ("start", "end", "duration_s", "first_seen", "last_seen")
 
-WINDOW_SCHEMA = "window_start timestamp, window_end timestamp, window_s double"
+_EPOCH = dt.datetime(1970, 1, 1)
 TIMELINE_BUCKETS = 240
 TIMELINE_QUEUES = 30
 #: Threads submitting the job's independent Spark jobs (see :func:`analyze`).
@@ -225,7 +226,9 @@ def _write(df: DataFrame, out: Path, name: str) -> None:
 
 
 def _window_frame(spark: SparkSession, start_us: int | None, end_us: int | None) -> DataFrame:
-    """The one-row observed window (:data:`WINDOW_SCHEMA`) from its bounds in microseconds.
+    """The one-row observed window from its bounds in microseconds.
+
+    Columns ``window_start``, ``window_end`` (timestamps) and ``window_s``.
 
     Built from literals, not ``createDataFrame``: a DataFrame of Python rows
     starts a Python worker to read them back (about 2 s in local mode).
@@ -237,6 +240,11 @@ def _window_frame(spark: SparkSession, start_us: int | None, end_us: int | None)
         F.timestamp_micros(end).alias("window_end"),
         ((end - start) / F.lit(1_000_000.0)).alias("window_s"),
     )
+
+
+def _utc(micros: int | None) -> dt.datetime | None:
+    """A naive UTC datetime from microseconds since the epoch (the report's times)."""
+    return None if micros is None else _EPOCH + dt.timedelta(microseconds=micros)
 
 
 def _materialize_and_write(df: DataFrame, out: Path, name: str) -> DataFrame:
@@ -305,8 +313,6 @@ def analyze(
             stats,
             F.count(F.lit(1)).alias("lines"),
             F.count("malformed_reason").alias("malformed"),
-            F.min(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_start"),
-            F.max(F.when(F.col("malformed_reason").isNull(), F.col("ts"))).alias("window_end"),
             F.min(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
                 "window_start_us"
             ),
@@ -331,8 +337,8 @@ def analyze(
         intervals = tf.finish_intervals(candidates, _materialize(tf.resolve_runs(candidates)))
         phase("parse+pair")
 
-        window_start, window_end = counts["window_start"], counts["window_end"]
-        window = _window_frame(spark, counts["window_start_us"], counts["window_end_us"])
+        window_start_us, window_end_us = counts["window_start_us"], counts["window_end_us"]
+        window = _window_frame(spark, window_start_us, window_end_us)
         episodes = tf.episodes_from(intervals)
         blocks = tf.channel_blocks_from(intervals)
         stores = tf.store_episodes_from(intervals)
@@ -434,8 +440,8 @@ def analyze(
     }
     data = ReportData(
         inputs=list(event_paths) + list(client_paths),
-        window_start=window_start,
-        window_end=window_end,
+        window_start=_utc(window_start_us),
+        window_end=_utc(window_end_us),
         totals=totals,
         summary=rows["summary"],
         timeline=rows["timeline"],
