@@ -324,8 +324,22 @@ def analyze(
         paired = pool.submit(
             _materialize, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
         )
-        # The client logs do not depend on the pairing: read them alongside.
-        client_parsed = pool.submit(_materialize, tf.parse_client_lines(client_lines))
+        # The client logs do not depend on the pairing: read them alongside,
+        # counting the delay histogram on the way.  (Observed under the
+        # send_delays aggregation instead, the metrics of an empty client
+        # log never arrive: adaptive execution replaces the plan over the
+        # empty shuffle, observation and all.)
+        delay_stats = Observation("send_delays")
+        waits = F.col("malformed_reason").isNull() & F.col("flow_event").isin(
+            "send_delayed", "send_failed"
+        )
+        client_parsed = pool.submit(
+            _materialize,
+            tf.parse_client_lines(client_lines).observe(
+                delay_stats,
+                *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
+            ),
+        )
         candidates = paired.result()
         counts = stats.get
         if collisions.get[tf.KEY_COLLISIONS_METRIC]:
@@ -377,18 +391,8 @@ def analyze(
         episode_aggregates = pool.submit(_materialize, tf.queue_episode_stats(episodes, window))
         parsed_client = client_parsed.result()
         client = tf.client_flow_records(parsed_client)
-        delay_stats = Observation("send_delays")
-        waits = F.col("flow_event").isin("send_delayed", "send_failed")
         delays_done = pool.submit(
-            _materialize_and_write,
-            tf.send_delays(
-                client.observe(
-                    delay_stats,
-                    *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
-                )
-            ),
-            out,
-            "send_delays",
+            _materialize_and_write, tf.send_delays(client), out, "send_delays"
         )
         malformed_done = pool.submit(
             _materialize_and_write, tf.malformed_from(intervals, parsed_client), out, "malformed"

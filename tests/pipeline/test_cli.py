@@ -70,6 +70,25 @@ def test_analyze_writes_every_table_and_the_report(
     assert "<script" not in report
 
 
+def test_analyze_without_client_logs_writes_empty_client_tables(
+    spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]]
+) -> None:
+    events, _client = logs
+    out = tmp_path / "out"
+    # The job runs with adaptive execution (Spark's default; the test
+    # session turns it off), which is what replaced the plan of the empty
+    # client log together with its observed metrics.
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    try:
+        result = analyze(spark, events, out)
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", "false")
+    assert (result.events, result.malformed, result.episodes) == (6, 1, 2)
+    assert spark.read.parquet(str(out / "send_delays")).count() == 0
+    assert spark.read.parquet(str(out / "advice")).select("producers").collect() == [(None,)]
+    assert "report.html" in {p.name for p in out.iterdir()}
+
+
 @pytest.mark.parametrize("which", ["events", "client"])
 def test_analyze_refuses_a_path_that_matches_nothing_before_writing(
     spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]], which: str
