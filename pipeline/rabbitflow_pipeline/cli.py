@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -247,20 +248,43 @@ def _utc(micros: int | None) -> dt.datetime | None:
     return None if micros is None else _EPOCH + dt.timedelta(microseconds=micros)
 
 
-def _materialize_and_write(df: DataFrame, out: Path, name: str) -> DataFrame:
-    """:func:`_materialize` ``df``, then write it as table ``name``; returns the kept rows."""
-    kept = _materialize(df)
-    _write(kept, out, name)
-    return kept
+class _Kept:
+    """The rows :func:`analyze` keeps on the executors while it runs, released at its end.
 
-
-def _materialize(df: DataFrame) -> DataFrame:
-    """Compute ``df`` once and keep its rows on the executors (a local checkpoint).
-
-    Cheaper than ``cache()`` for rows read a few times in full (no columnar
-    encoding), and it cuts the lineage so later jobs start from the rows.
+    Rows are kept as local checkpoints: cheaper than ``cache()`` for rows
+    read a few times in full (no columnar encoding), and the lineage is cut
+    so later jobs start from the rows.  Spark would hold the blocks until
+    the JVM collects the checkpointed data, so a long-lived session calling
+    :func:`analyze` again would carry them into its next jobs:
+    :meth:`release` drops them as soon as the run is over.
     """
-    return df.localCheckpoint(eager=True)
+
+    def __init__(self) -> None:
+        self._frames: list[DataFrame] = []
+        self._lock = threading.Lock()
+
+    def keep(self, df: DataFrame) -> DataFrame:
+        """Compute ``df`` once and keep its rows; returns a DataFrame over them."""
+        kept = df.localCheckpoint(eager=True)
+        with self._lock:
+            self._frames.append(kept)
+        return kept
+
+    def keep_and_write(self, df: DataFrame, out: Path, name: str) -> DataFrame:
+        """:meth:`keep` ``df``, then write it as table ``name``; returns the kept rows."""
+        kept = self.keep(df)
+        _write(kept, out, name)
+        return kept
+
+    def release(self) -> None:
+        """Drop every kept row (DataFrames returned by :meth:`keep` are unusable after)."""
+        with self._lock:
+            frames, self._frames = self._frames, []
+        for kept in frames:
+            # A local checkpoint's plan is the checkpointed RDD itself (LogicalRDD).
+            plan = kept._jdf.queryExecution().analyzed()
+            if plan.getClass().getSimpleName() == "LogicalRDD":
+                plan.rdd().unpersist(False)
 
 
 def analyze(
@@ -277,7 +301,8 @@ def analyze(
     The event log is parsed and paired in one job whose result (the paired
     intervals) is kept on the executors; every table is computed from that
     or from small aggregates of it, and the report's counts and histograms
-    are observed while the tables are written.  ``key_hash`` is the pairing's
+    are observed while the tables are written.  The kept rows are dropped
+    before it returns (or raises).  ``key_hash`` is the pairing's
     partition hash (:func:`rabbitflow_pipeline.transforms.flow_intervals`;
     tests pass one that collides).
 
@@ -300,138 +325,144 @@ def analyze(
     # takes the cores an earlier one leaves idle (its last tasks, the
     # driver's planning between jobs).  Each table is computed exactly as
     # it would be in sequence; only the scheduling overlaps.
-    with ThreadPoolExecutor(max_workers=_JOB_THREADS, thread_name_prefix="analyze") as pool:
-        # One pass over the input: parse, count and time-bound it on the
-        # fly (observe), pair every kind of event in one shuffle partitioned
-        # by the key hash alone, and keep only the paired intervals.
-        stats = Observation("events")
-        # Both inputs are resolved first, so a path that matches nothing
-        # fails before any job starts.
-        classified = tf.classify_events(read_events(spark, event_paths))
-        client_lines = read_lines(spark, client_paths)
-        parsed = classified.observe(
-            stats,
-            F.count(F.lit(1)).alias("lines"),
-            F.count("malformed_reason").alias("malformed"),
-            F.min(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
-                "window_start_us"
-            ),
-            F.max(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
-                "window_end_us"
-            ),
-        )
-        collisions = Observation("keys")
-        paired = pool.submit(
-            _materialize, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
-        )
-        # The client logs do not depend on the pairing: read them alongside,
-        # counting the delay histogram on the way.  (Observed under the
-        # send_delays aggregation instead, the metrics of an empty client
-        # log never arrive: adaptive execution replaces the plan over the
-        # empty shuffle, observation and all.)
-        delay_stats = Observation("send_delays")
-        waits = F.col("malformed_reason").isNull() & F.col("flow_event").isin(
-            "send_delayed", "send_failed"
-        )
-        client_parsed = pool.submit(
-            _materialize,
-            tf.parse_client_lines(client_lines).observe(
-                delay_stats,
-                *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
-            ),
-        )
-        candidates = paired.result()
-        counts = stats.get
-        if collisions.get[tf.KEY_COLLISIONS_METRIC]:
-            # Two keys share a hash (astronomically rare with 64 bits): pair
-            # again with the key columns in the partition spec.
-            candidates = _materialize(tf.pair_candidates(classified, key_hash=key_hash))
-        # The intervals are the candidates plus the few resolved runs of
-        # repeated opens: kept apart, so the candidates are not copied again.
-        intervals = tf.finish_intervals(candidates, _materialize(tf.resolve_runs(candidates)))
-        phase("parse+pair")
-
-        window_start_us, window_end_us = counts["window_start_us"], counts["window_end_us"]
-        window = _window_frame(spark, window_start_us, window_end_us)
-        episodes = tf.episodes_from(intervals)
-        blocks = tf.channel_blocks_from(intervals)
-        stores = tf.store_episodes_from(intervals)
-        episode_stats = Observation("episodes")
-        block_stats = Observation("channel_blocks")
-        store_stats = Observation("store_episodes")
-        writes = [
-            pool.submit(
-                _write,
-                episodes.observe(
-                    episode_stats,
-                    F.count(F.lit(1)).alias("n"),
-                    F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+    kept = _Kept()
+    try:
+        with ThreadPoolExecutor(max_workers=_JOB_THREADS, thread_name_prefix="analyze") as pool:
+            # One pass over the input: parse, count and time-bound it on the
+            # fly (observe), pair every kind of event in one shuffle partitioned
+            # by the key hash alone, and keep only the paired intervals.
+            stats = Observation("events")
+            # Both inputs are resolved first, so a path that matches nothing
+            # fails before any job starts.
+            classified = tf.classify_events(read_events(spark, event_paths))
+            client_lines = read_lines(spark, client_paths)
+            parsed = classified.observe(
+                stats,
+                F.count(F.lit(1)).alias("lines"),
+                F.count("malformed_reason").alias("malformed"),
+                F.min(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
+                    "window_start_us"
                 ),
-                out,
-                "episodes",
-            ),
-            pool.submit(
-                _write,
-                blocks.observe(
-                    block_stats,
-                    F.count(F.lit(1)).alias("n"),
-                    *tf.histogram_metrics(F.col("duration_s"), "block"),
+                F.max(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
+                    "window_end_us"
                 ),
-                out,
-                "channel_blocks",
-            ),
-            pool.submit(
-                _write,
-                stores.observe(store_stats, F.count(F.lit(1)).alias("n")),
-                out,
-                "store_episodes",
-            ),
-        ]
-        # One aggregation of the episodes serves the summary and the advice.
-        episode_aggregates = pool.submit(_materialize, tf.queue_episode_stats(episodes, window))
-        parsed_client = client_parsed.result()
-        client = tf.client_flow_records(parsed_client)
-        delays_done = pool.submit(
-            _materialize_and_write, tf.send_delays(client), out, "send_delays"
-        )
-        malformed_done = pool.submit(
-            _materialize_and_write, tf.malformed_from(intervals, parsed_client), out, "malformed"
-        )
-        queue_stats = episode_aggregates.result()
-        summary_done = pool.submit(
-            _materialize_and_write,
-            tf.queue_summary_from(queue_stats, blocks, window),
-            out,
-            "queue_summary",
-        )
-        limits = None
-        if queue_limits is not None:
-            limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
-        advice = _materialize_and_write(tf.advice_from(queue_stats, client, limits), out, "advice")
-        summary = summary_done.result()
-        delays = delays_done.result()
-        malformed = malformed_done.result()
-        for done in writes:
-            done.result()
-        phase("tables")
+            )
+            collisions = Observation("keys")
+            paired = pool.submit(
+                kept.keep, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
+            )
+            # The client logs do not depend on the pairing: read them alongside,
+            # counting the delay histogram on the way.  (Observed under the
+            # send_delays aggregation instead, the metrics of an empty client
+            # log never arrive: adaptive execution replaces the plan over the
+            # empty shuffle, observation and all.)
+            delay_stats = Observation("send_delays")
+            waits = F.col("malformed_reason").isNull() & F.col("flow_event").isin(
+                "send_delayed", "send_failed"
+            )
+            client_parsed = pool.submit(
+                kept.keep,
+                tf.parse_client_lines(client_lines).observe(
+                    delay_stats,
+                    *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
+                ),
+            )
+            candidates = paired.result()
+            counts = stats.get
+            if collisions.get[tf.KEY_COLLISIONS_METRIC]:
+                # Two keys share a hash (astronomically rare with 64 bits): pair
+                # again with the key columns in the partition spec.
+                candidates = kept.keep(tf.pair_candidates(classified, key_hash=key_hash))
+            # The intervals are the candidates plus the few resolved runs of
+            # repeated opens: kept apart, so the candidates are not copied again.
+            intervals = tf.finish_intervals(candidates, kept.keep(tf.resolve_runs(candidates)))
+            phase("parse+pair")
 
-        by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
-        top = by_overfull.limit(TIMELINE_QUEUES)
-        queries = {
-            "summary": by_overfull.limit(50),
-            "timeline": tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS),
-            "timeline_queues": top.select("vhost", "queue"),
-            "advice": advice.orderBy(
-                F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")
-            ).limit(100),
-            "malformed": malformed.orderBy(F.desc("count")).limit(200),
-            "store_episodes": stores.orderBy("start").limit(50),
-            "send_delays": delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20),
-            "queues_with_episodes": summary.where(F.col("flow_stopped_count") > 0).select(
-                F.count(F.lit(1)).alias("n")
-            ),
-        }
-        rows = dict(zip(queries, pool.map(_rows, queries.values()), strict=True))
+            window_start_us, window_end_us = counts["window_start_us"], counts["window_end_us"]
+            window = _window_frame(spark, window_start_us, window_end_us)
+            episodes = tf.episodes_from(intervals)
+            blocks = tf.channel_blocks_from(intervals)
+            stores = tf.store_episodes_from(intervals)
+            episode_stats = Observation("episodes")
+            block_stats = Observation("channel_blocks")
+            store_stats = Observation("store_episodes")
+            writes = [
+                pool.submit(
+                    _write,
+                    episodes.observe(
+                        episode_stats,
+                        F.count(F.lit(1)).alias("n"),
+                        F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+                    ),
+                    out,
+                    "episodes",
+                ),
+                pool.submit(
+                    _write,
+                    blocks.observe(
+                        block_stats,
+                        F.count(F.lit(1)).alias("n"),
+                        *tf.histogram_metrics(F.col("duration_s"), "block"),
+                    ),
+                    out,
+                    "channel_blocks",
+                ),
+                pool.submit(
+                    _write,
+                    stores.observe(store_stats, F.count(F.lit(1)).alias("n")),
+                    out,
+                    "store_episodes",
+                ),
+            ]
+            # One aggregation of the episodes serves the summary and the advice.
+            episode_aggregates = pool.submit(kept.keep, tf.queue_episode_stats(episodes, window))
+            parsed_client = client_parsed.result()
+            client = tf.client_flow_records(parsed_client)
+            delays_done = pool.submit(
+                kept.keep_and_write, tf.send_delays(client), out, "send_delays"
+            )
+            malformed_done = pool.submit(
+                kept.keep_and_write, tf.malformed_from(intervals, parsed_client), out, "malformed"
+            )
+            queue_stats = episode_aggregates.result()
+            summary_done = pool.submit(
+                kept.keep_and_write,
+                tf.queue_summary_from(queue_stats, blocks, window),
+                out,
+                "queue_summary",
+            )
+            limits = None
+            if queue_limits is not None:
+                limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
+            advice = kept.keep_and_write(tf.advice_from(queue_stats, client, limits), out, "advice")
+            summary = summary_done.result()
+            delays = delays_done.result()
+            malformed = malformed_done.result()
+            for done in writes:
+                done.result()
+            phase("tables")
+
+            by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
+            top = by_overfull.limit(TIMELINE_QUEUES)
+            queries = {
+                "summary": by_overfull.limit(50),
+                "timeline": tf.episode_timeline(episodes, window, top, TIMELINE_BUCKETS),
+                "timeline_queues": top.select("vhost", "queue"),
+                "advice": advice.orderBy(
+                    F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")
+                ).limit(100),
+                "malformed": malformed.orderBy(F.desc("count")).limit(200),
+                "store_episodes": stores.orderBy("start").limit(50),
+                "send_delays": delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20),
+                "queues_with_episodes": summary.where(F.col("flow_stopped_count") > 0).select(
+                    F.count(F.lit(1)).alias("n")
+                ),
+            }
+            rows = dict(zip(queries, pool.map(_rows, queries.values()), strict=True))
+    finally:
+        # Everything the report needs is collected: drop the kept rows now
+        # rather than when the JVM gets round to it.
+        kept.release()
     episode_counts = episode_stats.get
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.errors import AnalysisException
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, parse_queue_limits
@@ -87,6 +88,38 @@ def test_analyze_without_client_logs_writes_empty_client_tables(
     assert spark.read.parquet(str(out / "send_delays")).count() == 0
     assert spark.read.parquet(str(out / "advice")).select("producers").collect() == [(None,)]
     assert "report.html" in {p.name for p in out.iterdir()}
+
+
+def _persisted(spark: SparkSession) -> set[int]:
+    """Ids of the RDDs the session's context holds blocks for (cached or checkpointed)."""
+    return {int(i) for i in spark.sparkContext._jsc.getPersistentRDDs()}
+
+
+def test_analyze_drops_the_rows_it_kept(
+    spark: SparkSession,
+    tmp_path: Path,
+    logs: tuple[list[str], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events, client = logs
+    before = _persisted(spark)
+    kept: list[int] = []
+    # Watch what the run keeps, so the test cannot pass by keeping nothing.
+    # (Patched on the session's own DataFrame class, Spark's "classic" one.)
+    frame_class = type(spark.range(1))
+    original = frame_class.localCheckpoint
+
+    def watched(self: DataFrame, *args: Any, **kwargs: Any) -> DataFrame:
+        result = original(self, *args, **kwargs)
+        kept.append(int(result._jdf.queryExecution().analyzed().rdd().id()))
+        return result
+
+    monkeypatch.setattr(frame_class, "localCheckpoint", watched)
+    analyze(spark, events, tmp_path / "out", client_paths=client)
+    monkeypatch.undo()
+    assert len(kept) >= 5
+    assert not before & set(kept)
+    assert _persisted(spark) == before
 
 
 @pytest.mark.parametrize("which", ["events", "client"])
