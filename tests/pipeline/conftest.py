@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
+from rabbitflow_pipeline.cli import SPARK_CONF
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # py4j logs every gateway command at DEBUG, drowning test output.
@@ -28,7 +30,7 @@ def spark() -> Iterator[SparkSession]:
     time.tzset()
     # Python workers (sink tests) must run this interpreter, which has rabbitflow.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    session = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("rabbitflow-pipeline-tests")
         .config("spark.ui.enabled", "false")
@@ -36,10 +38,13 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.constraintPropagation.enabled", "false")
-        .getOrCreate()
+        # Adaptive execution stays on, as in the job (Spark's default).
+        .config("spark.sql.adaptive.enabled", "true")
     )
+    # The settings the job's own session runs with (rabbitflow_pipeline.cli).
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

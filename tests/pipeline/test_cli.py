@@ -76,14 +76,11 @@ def test_analyze_without_client_logs_writes_empty_client_tables(
 ) -> None:
     events, _client = logs
     out = tmp_path / "out"
-    # The job runs with adaptive execution (Spark's default; the test
-    # session turns it off), which is what replaced the plan of the empty
-    # client log together with its observed metrics.
-    spark.conf.set("spark.sql.adaptive.enabled", "true")
-    try:
-        result = analyze(spark, events, out)
-    finally:
-        spark.conf.set("spark.sql.adaptive.enabled", "false")
+    # Adaptive execution (on in the job and in the test session) is what
+    # replaced the plan of the empty client log together with its observed
+    # metrics.
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    result = analyze(spark, events, out)
     assert (result.events, result.malformed, result.episodes) == (6, 1, 2)
     assert spark.read.parquet(str(out / "send_delays")).count() == 0
     assert spark.read.parquet(str(out / "advice")).select("producers").collect() == [(None,)]
