@@ -96,9 +96,9 @@ def main() -> int:
     rows = 0
     out = args.dir / "out"
     for _ in range(args.rounds):
-        # A fresh session per round, so no round inherits the executor memory
-        # (kept intermediate rows) of the one before; the JVM, and with it the
-        # JIT-compiled code, stays.
+        # A fresh session per round, so no round inherits the state of the one
+        # before (analyze drops its kept rows itself); the JVM, and with it
+        # the JIT-compiled code, stays.
         spark = build_session(args.master, "rabbitflow-bench")
         try:
             # Warm the JSON parser (class loading, JIT) before the baseline.
