@@ -284,7 +284,9 @@ class _Kept:
             # A local checkpoint's plan is the checkpointed RDD itself (LogicalRDD).
             plan = kept._jdf.queryExecution().analyzed()
             if plan.getClass().getSimpleName() == "LogicalRDD":
-                plan.rdd().unpersist(False)
+                # Blocking: the removal finishes here, not in a pool that a
+                # session stopped right after the run would already have shut.
+                plan.rdd().unpersist(True)
 
 
 def analyze(
