@@ -359,14 +359,10 @@ def analyze(
             # log never arrive: adaptive execution replaces the plan over the
             # empty shuffle, observation and all.)
             delay_stats = Observation("send_delays")
-            waits = F.col("malformed_reason").isNull() & F.col("flow_event").isin(
-                "send_delayed", "send_failed"
-            )
             client_parsed = pool.submit(
                 kept.keep,
                 tf.parse_client_lines(client_lines).observe(
-                    delay_stats,
-                    *tf.histogram_metrics(F.when(waits, F.col("waited_ms") / 1000.0), "delay"),
+                    delay_stats, *tf.histogram_metrics(tf.delay_seconds(), "delay")
                 ),
             )
             candidates = paired.result()

@@ -57,6 +57,7 @@ __all__ = [
     "channel_blocks_from",
     "classify_events",
     "client_flow_records",
+    "delay_seconds",
     "duration_histogram",
     "episode_timeline",
     "episodes_from",
@@ -89,6 +90,9 @@ DEFAULT_HISTOGRAM_EDGES_S: tuple[float, ...] = (0, 1, 2, 5, 10, 30, 60, 120, 300
 _ANALYSIS_COLUMNS: tuple[str, ...] = tuple(
     name for name in EVENT_RECORD_SCHEMA.fieldNames() if name not in ("subject", "message")
 )
+
+#: Client flow events that carry how long the send waited (``waited_ms``).
+_WAIT_EVENTS = ("send_delayed", "send_failed")
 
 _QUEUE_OPEN = "QUE-1003"
 _QUEUE_CLOSE = "QUE-1004"
@@ -206,7 +210,7 @@ def parse_client_lines(lines: DataFrame) -> DataFrame:
     all_null = F.lit(True)
     for name in CLIENT_RECORD_SCHEMA.fieldNames():
         all_null = all_null & F.col("_ts_text" if name == "timestamp" else name).isNull()
-    waits = F.col("flow_event").isin("send_delayed", "send_failed")
+    waits = _is_wait()
     reason = (
         F.when(F.col(CORRUPT_COLUMN).isNotNull() & all_null, "bad_json")
         .when(F.col(CORRUPT_COLUMN).isNotNull(), "bad_field")
@@ -218,6 +222,22 @@ def parse_client_lines(lines: DataFrame) -> DataFrame:
     )
     return parsed.select(
         *CLIENT_RECORD_SCHEMA.fieldNames(), "source", reason.alias("malformed_reason")
+    )
+
+
+def _is_wait() -> Column:
+    """A client record of a send that waited (delay notice or timeout)."""
+    return F.col("flow_event").isin(*_WAIT_EVENTS)
+
+
+def delay_seconds() -> Column:
+    """Seconds a send waited, on a good delay/timeout row of :func:`parse_client_lines`.
+
+    Null on any other row (malformed, ignored, not a wait): the value the
+    report's delay histogram counts (:func:`histogram_metrics`).
+    """
+    return F.when(
+        F.col("malformed_reason").isNull() & _is_wait(), F.col("waited_ms") / F.lit(1000.0)
     )
 
 
@@ -730,7 +750,7 @@ def send_delays(client: DataFrame) -> DataFrame:
     ``timeouts`` counts "send failed" errors; ``capacity`` is the largest
     producer capacity the records carried (null when none did).
     """
-    waits = F.col("flow_event").isin("send_delayed", "send_failed")
+    waits = _is_wait()
     return client.groupBy("producer", "destination").agg(
         F.max(F.when(waits, F.col("waited_ms"))).alias("longest_delay_ms"),
         F.sum((F.col("flow_event") == "send_delayed").cast("long")).alias("delayed_notices"),

@@ -203,6 +203,24 @@ def test_parse_client_lines_ignores_other_records_and_flags_bad_ones(spark: Spar
     )
 
 
+def test_delay_seconds_is_the_wait_of_good_delay_and_timeout_records_only(
+    spark: SparkSession,
+) -> None:
+    rows = [
+        ("c", client_line(1, "send_delayed", waited_ms=5000)),
+        ("c", client_line(2, "send_failed", waited_ms=60000)),
+        ("c", client_line(3, "flow_enforced", waited_ms=7000)),
+        ("c", client_line(4, "send_delayed")),
+        ("c", '{"timestamp": "later", "flow_event": "send_delayed", "waited_ms": 9000}'),
+        ("c", '{"timestamp": "2026-11-22T05:00:00Z", "logger": "app", "event": "started"}'),
+    ]
+    parsed = tf.parse_client_lines(lines_df(spark, rows))
+    assertDataFrameEqual(
+        parsed.select(tf.delay_seconds().alias("s")),
+        [(5.0,), (60.0,), (None,), (None,), (None,), (None,)],
+    )
+
+
 def test_parse_client_lines_reads_microsecond_structlog_timestamps(spark: SparkSession) -> None:
     text = client_line(0, "flow_enforced").replace(
         "2026-11-22T05:00:00.000Z", "2026-11-22T05:00:00.123456Z"
