@@ -338,16 +338,14 @@ def analyze(
             # fails before any job starts.
             classified = tf.classify_events(read_events(spark, event_paths))
             client_lines = read_lines(spark, client_paths)
+            # The observed window spans the good events only.
+            good_us = F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))
             parsed = classified.observe(
                 stats,
                 F.count(F.lit(1)).alias("lines"),
                 F.count("malformed_reason").alias("malformed"),
-                F.min(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
-                    "window_start_us"
-                ),
-                F.max(F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))).alias(
-                    "window_end_us"
-                ),
+                F.min(good_us).alias("window_start_us"),
+                F.max(good_us).alias("window_end_us"),
             )
             collisions = Observation("keys")
             paired = pool.submit(
