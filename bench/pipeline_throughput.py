@@ -12,7 +12,9 @@ same count), then times, side by side in one JVM:
 Each round (``--rounds``, default 2) runs the two in turn in a fresh Spark
 session of the same JVM: the first round
 is the analysis's first run in the JVM, later ones run it warm.  Prints both
-times and the ratio per round (target: analysis <= 2.5x baseline).
+times and the ratio per round (target: analysis <= 2.5x baseline), and each
+side's JVM CPU time, in all and by thread group (Spark's tasks, the JIT
+compiler, the garbage collector, the rest).
 """
 
 from __future__ import annotations
@@ -34,30 +36,75 @@ from rabbitflow_pipeline.generate import generate
 TARGET_RATIO = 2.5
 
 
+#: JVM threads grouped by what they do, from the start of their names
+#: (``/proc`` keeps the first 15 characters).
+_THREAD_GROUPS = (
+    ("tasks", ("Executor task",)),
+    ("JIT", ("C1 Compiler", "C2 Compiler")),
+    ("GC", ("GC Thread", "G1 ")),
+)
+
+
 @dataclass(frozen=True)
 class Side:
-    """One side's wall time and the Spark JVM's CPU time (all its threads) meanwhile."""
+    """One side's wall time and the Spark JVM's CPU time meanwhile, in all and by thread group.
+
+    ``by_group`` has ``tasks`` (Spark's task threads: the work itself),
+    ``JIT`` (the compiler threads), ``GC`` and ``other``: the rest,
+    including the driver and any thread that ended meanwhile.
+    """
 
     seconds: float
     cpu_seconds: float
+    by_group: dict[str, float]
 
     def __str__(self) -> str:
-        return f"{self.seconds:8.1f}s (JVM CPU {self.cpu_seconds:6.1f}s)"
+        groups = ", ".join(f"{name} {cpu:.1f}" for name, cpu in self.by_group.items())
+        return f"{self.seconds:8.1f}s (JVM CPU {self.cpu_seconds:6.1f}s: {groups})"
 
 
-def _jvm_cpu(spark: SparkSession) -> float:
-    """CPU seconds (user + system, all threads) the driver JVM has used so far.
+def _ticks(stat: str) -> int:
+    # Fields 14 and 15 of stat(5) (utime, stime), counted after the ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@dataclass(frozen=True)
+class _Cpu:
+    total: float
+    by_group: dict[str, float]
+
+
+def _jvm_cpu(spark: SparkSession) -> _Cpu:
+    """CPU seconds (user + system) the driver JVM has used so far, in all and per thread group.
 
     In local mode the executor runs in that JVM too.  Read from Linux's
-    ``/proc/<pid>/stat``.
+    ``/proc/<pid>/stat`` and ``/proc/<pid>/task/*/``.
     """
     jvm = spark.sparkContext._jvm
     if jvm is None:
         raise RuntimeError("the Spark session has no JVM")
     pid = int(jvm.java.lang.ProcessHandle.current().pid())
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # Fields 14 and 15 of stat(5) (utime, stime), counted after the ")".
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    groups = dict.fromkeys((name for name, _ in _THREAD_GROUPS), 0.0)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ticks = _ticks((task / "stat").read_text())
+        except OSError:  # the thread ended while we looked
+            continue
+        for group, prefixes in _THREAD_GROUPS:
+            if name.startswith(prefixes):
+                groups[group] += ticks / tick
+                break
+    return _Cpu(_ticks(Path(f"/proc/{pid}/stat").read_text()) / tick, groups)
+
+
+def _side(seconds: float, before: _Cpu, after: _Cpu) -> Side:
+    total = after.total - before.total
+    groups = {name: after.by_group[name] - before.by_group[name] for name in after.by_group}
+    groups["other"] = total - sum(groups.values())
+    return Side(seconds, total, groups)
 
 
 def _read_through(paths: list[str]) -> None:
@@ -118,11 +165,11 @@ def main() -> int:
             spark.read.json(gateway[:1]).limit(1000).count()
             cpu, started = _jvm_cpu(spark), time.monotonic()
             rows = spark.read.json(gateway + client).count()
-            baseline = Side(time.monotonic() - started, _jvm_cpu(spark) - cpu)
+            baseline = _side(time.monotonic() - started, cpu, _jvm_cpu(spark))
             shutil.rmtree(out, ignore_errors=True)
             cpu, started = _jvm_cpu(spark), time.monotonic()
             result = analyze(spark, gateway, out, client_paths=client)
-            analysis = Side(time.monotonic() - started, _jvm_cpu(spark) - cpu)
+            analysis = _side(time.monotonic() - started, cpu, _jvm_cpu(spark))
             rounds.append((baseline, analysis, result))
         finally:
             spark.stop()
@@ -140,8 +187,8 @@ def main() -> int:
         print(f"round {number} ({state}):")
         print(f"  baseline spark.read.json(files).count(): {baseline}")
         print(
-            f"  analysis (all tables + report.html):      {analysis} "
-            f"({result.events:,} events, {result.episodes:,} episodes)"
+            f"  analysis (all tables + report.html):      {analysis}\n"
+            f"    ({result.events:,} events, {result.episodes:,} episodes)"
         )
         for name, seconds in result.phases.items():
             print(f"    {name:<26} {seconds:6.1f}s")
