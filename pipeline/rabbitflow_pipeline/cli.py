@@ -542,13 +542,15 @@ def analyze(
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]) - int(counts["ignored"]),
         "malformed lines": int(counts["malformed"]),
-        "other Broker-J lines (not analysed)": int(counts["ignored"]),
         "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
         "flow episodes": int(episode_counts["n"]),
         "open episodes": int(episode_counts["open"]),
         "channel blocks": int(block_stats.get["n"]),
         "store episodes": int(store_stats.get["n"]),
     }
+    ignored = int(counts["ignored"])
+    if ignored:
+        totals["other Broker-J lines (not analysed)"] = ignored
     data = ReportData(
         inputs=list(event_paths) + list(client_paths),
         window_start=_utc(window_start_us),
@@ -571,7 +573,7 @@ def analyze(
         out=out,
         events=totals["events"],
         malformed=totals["malformed lines"],
-        ignored=totals["other Broker-J lines (not analysed)"],
+        ignored=ignored,
         malformed_reasons=tuple((r["reason"], int(r["count"])) for r in rows["malformed_reasons"]),
         episodes=totals["flow episodes"],
         seconds=time.monotonic() - started,
