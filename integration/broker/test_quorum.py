@@ -6,6 +6,7 @@ RabbitMQ 3.10's management API lists a quorum queue's ``messages`` as 0
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,15 @@ import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
 from integration.broker.conftest import RunningGateway, wait_for
-from integration.broker.test_qpid_example import AFTER_BLOCK, CAPACITIES, RESUME, STOP, DepthSampler
+from integration.broker.test_qpid_example import (
+    AFTER_BLOCK,
+    CAPACITIES,
+    RESUME,
+    STOP,
+    DepthSampler,
+    _raw,
+    _sdk,
+)
 from integration.broker.test_qpid_example import _drain as drain_no_ack
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -29,18 +38,33 @@ def _declare(gateway: RunningGateway, name: str, arguments: dict[str, Any]) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "make_producer",
+    [
+        pytest.param(
+            _sdk,
+            id="rabbitflow-sdk",
+            # As in test_qpid_example: pika's wake-up socketpair is left to the collector.
+            marks=pytest.mark.filterwarnings(
+                "ignore:Exception ignored in. <socket.socket:"
+                "pytest.PytestUnraisableExceptionWarning"
+            ),
+        ),
+        pytest.param(_raw, id="raw-pika"),
+    ],
+)
 def test_qpid_example_on_a_quorum_queue_keeps_the_bound_and_every_message(
-    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    make_producer: Callable[[str, str, str], Any],
 ) -> None:
     queue = unique_name("quorum-qpid")
     cleanup_queues.append(queue)
     _declare(gateway, queue, {**QUORUM, **THRESHOLDS})
     sampler = DepthSampler(gateway, queue)
     sampler.start()
-    producers = [
-        WindowProducer(gateway.url, queue, pid=pid, count=None, capacity=capacity)
-        for pid, capacity in CAPACITIES.items()
-    ]
+    producers = [make_producer(gateway.url, queue, pid) for pid in CAPACITIES]
     for producer in producers:
         producer.start()
 
@@ -72,6 +96,8 @@ def test_qpid_example_on_a_quorum_queue_keeps_the_bound_and_every_message(
         mine = [int(b.split(b":")[1]) for b in bodies if b.startswith(pid.encode() + b":")]
         assert mine == list(range(count or 0)), f"producer {pid}: lost, duplicated or reordered"
     assert gateway.queue(queue)["flowStopped"] is False
+    del producers
+    gc.collect()
 
 
 @pytest.mark.slow
