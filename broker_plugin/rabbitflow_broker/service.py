@@ -288,7 +288,7 @@ class GatewayService:
     async def _become_ready(self) -> None:
         """Load stored state and the first snapshot (retrying), then start the loops."""
         retrying = tenacity.AsyncRetrying(
-            wait=tenacity.wait_exponential_jitter(initial=0.5, max=5.0),
+            wait=tenacity.wait_exponential(multiplier=0.5, max=5.0) + tenacity.wait_random(0, 0.5),
             retry=tenacity.retry_if_result(lambda answered: answered is False),
             before_sleep=self._not_ready_yet,
         )
