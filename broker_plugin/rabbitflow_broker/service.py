@@ -55,6 +55,7 @@ __all__ = [
     "GatewayService",
     "OutageLog",
     "disk_store_sizes",
+    "loop_exception_handler",
     "server_ssl_context",
     "upstream_ssl_context",
 ]
@@ -242,7 +243,7 @@ class GatewayService:
             f"management API at {self.management.base_url}"
         )
         loop = asyncio.get_running_loop()
-        loop.set_exception_handler(_loop_exception_handler)
+        loop.set_exception_handler(loop_exception_handler)
         self._tasks = [asyncio.create_task(self._become_ready(), name="start-up")]
         # A healthy RabbitMQ answers within this grace: clients then never
         # meet the not-ready window.  A silent one cannot hold the listener
@@ -580,7 +581,7 @@ class GatewayService:
                 self._management_ok()
 
 
-def _loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """Say "too many open files" for fd exhaustion (accept errors too); else asyncio's default."""
     exc = context.get("exception")
     if isinstance(exc, OSError) and exc.errno in _FD_ERRNOS:

@@ -7,6 +7,7 @@ socket that accepts and never answers.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ from structlog.testing import capture_logs
 
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.persistence import FileThresholdStore
-from rabbitflow_broker.service import GatewayService, OutageLog
+from rabbitflow_broker.service import GatewayService, OutageLog, loop_exception_handler
 from tests.admin.conftest import Serve
 
 JSON = {"Content-Type": "application/json"}
@@ -158,3 +159,24 @@ async def test_stops_and_thresholds_share_the_state_file_without_losing_either(
     assert await again.load_stops() == [(None, None)]
     assert list(await again.load()) == [("/", "q")]
     assert json.loads(path.read_text())["stops"] == [{"vhost": None, "queue": None}]
+
+
+def test_accept_failing_for_lack_of_file_descriptors_is_logged_as_such() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        with capture_logs() as logs:
+            # What asyncio's accept loop reports when accept() hits EMFILE.
+            loop_exception_handler(
+                loop,
+                {
+                    "message": "socket.accept() out of system resource",
+                    "exception": OSError(errno.EMFILE, "Too many open files"),
+                },
+            )
+    finally:
+        loop.close()
+
+    assert [entry["event"] for entry in logs] == [
+        "too many open files: connections are not accepted until some close "
+        "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)"
+    ]
