@@ -24,7 +24,8 @@ What a web page cannot make a browser do (CSRF, DNS rebinding):
 
 * every request's ``Host`` must name the admin API itself: the address it
   is bound to (or the local address the request came in on), ``localhost``
-  or a name in ``--admin-allowed-hosts``; anything else is 403;
+  (``127.0.0.1``, ``::1``) or a name in ``--admin-allowed-hosts``; anything
+  else is 403;
 * a mutating request (POST, PUT, PATCH, DELETE) needs ``Content-Type:
   application/json`` (a browser sends that cross-origin only after a CORS
   preflight, which this API never grants) and, when it carries an
@@ -663,7 +664,13 @@ def create_app(
     app[_THROTTLE_KEY] = LoginThrottle()
     admin_host, _port = service.config.admin_address
     app[_HOSTS_KEY] = frozenset(
-        {"localhost", admin_host.lower(), *service.config.admin_allowed_host_names}
+        {
+            "localhost",
+            "127.0.0.1",
+            "::1",
+            admin_host.lower(),
+            *service.config.admin_allowed_host_names,
+        }
     )
     app[_REGISTRY_KEY] = metrics_registry(service.gateway)
     app.on_cleanup.append(_close_authenticator)
