@@ -167,7 +167,7 @@ class Gateway:
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
         self.routing_version = 0
-        #: While not None, new client connections get Connection.Close 320 with this text.
+        #: While set, new client connections are refused with 320 and this text.
         self.ready_error: str | None = None
 
     # -- connections ---------------------------------------------------------
