@@ -684,7 +684,7 @@ def _summary(printer: _Printer, result: DemoResult) -> None:
     printer.plain(f"  events                {events}")
     for p in result.producers:
         printer.plain(
-            f"  {producer_label(p.pid):<22}sent {p.sent}, waited {p.waited_s:.2f} s "
+            f"  {producer_label(p.pid)}  sent {p.sent}, waited {p.waited_s:.2f} s "
             f"in {p.waits} sends (longest {p.longest_wait_s:.2f} s)"
         )
     printer.plain(f"  consumer              received {result.received} of {result.expected}")
