@@ -6,16 +6,26 @@ RabbitMQ 3.10's management API lists a quorum queue's ``messages`` as 0
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
 from integration.broker.conftest import RunningGateway, wait_for
-from integration.broker.test_qpid_example import AFTER_BLOCK, CAPACITIES, RESUME, STOP, DepthSampler
+from integration.broker.test_qpid_example import (
+    AFTER_BLOCK,
+    CAPACITIES,
+    RESUME,
+    STOP,
+    DepthSampler,
+    _raw,
+    _sdk,
+)
 from integration.broker.test_qpid_example import _drain as drain_no_ack
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -29,18 +39,33 @@ def _declare(gateway: RunningGateway, name: str, arguments: dict[str, Any]) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "make_producer",
+    [
+        pytest.param(
+            _sdk,
+            id="rabbitflow-sdk",
+            # As in test_qpid_example: pika's wake-up socketpair is left to the collector.
+            marks=pytest.mark.filterwarnings(
+                "ignore:Exception ignored in. <socket.socket:"
+                "pytest.PytestUnraisableExceptionWarning"
+            ),
+        ),
+        pytest.param(_raw, id="raw-pika"),
+    ],
+)
 def test_qpid_example_on_a_quorum_queue_keeps_the_bound_and_every_message(
-    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    make_producer: Callable[[str, str, str], Any],
 ) -> None:
     queue = unique_name("quorum-qpid")
     cleanup_queues.append(queue)
     _declare(gateway, queue, {**QUORUM, **THRESHOLDS})
     sampler = DepthSampler(gateway, queue)
     sampler.start()
-    producers = [
-        WindowProducer(gateway.url, queue, pid=pid, count=None, capacity=capacity)
-        for pid, capacity in CAPACITIES.items()
-    ]
+    producers = [make_producer(gateway.url, queue, pid) for pid in CAPACITIES]
     for producer in producers:
         producer.start()
 
@@ -72,6 +97,8 @@ def test_qpid_example_on_a_quorum_queue_keeps_the_bound_and_every_message(
         mine = [int(b.split(b":")[1]) for b in bodies if b.startswith(pid.encode() + b":")]
         assert mine == list(range(count or 0)), f"producer {pid}: lost, duplicated or reordered"
     assert gateway.queue(queue)["flowStopped"] is False
+    del producers
+    gc.collect()
 
 
 @pytest.mark.slow
@@ -102,8 +129,21 @@ def test_quorum_queue_without_consumer_stays_on_for_30_seconds(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "dead_lettering",
+    [
+        pytest.param({}, id="at-most-once"),
+        pytest.param(
+            {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"},
+            id="at-least-once",
+        ),
+    ],
+)
 def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
-    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    dead_lettering: dict[str, str],
 ) -> None:
     source, target = unique_name("quorum-dl"), unique_name("quorum-dlx")
     cleanup_queues.extend([source, target])
@@ -113,6 +153,7 @@ def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
         source,
         {
             **QUORUM,
+            **dead_lettering,
             "x-delivery-limit": 1,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": target,
@@ -149,3 +190,62 @@ def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
     got = [consumer.channel().basic_get(target, auto_ack=True)[2] for _ in range(5)]
     consumer.close()
     assert sorted(got) == [f"m{n}".encode() for n in range(5)]
+
+
+def test_reject_publish_overflow_is_subtracted_at_once_without_reconciliation(
+    gateway_factory: Callable[..., RunningGateway],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    gateway = gateway_factory(reconcile_interval=0)  # only what the gateway relays counts
+    queue = unique_name("quorum-reject")
+    cleanup_queues.append(queue)
+    # Flow control off, so every publish is answered at once.
+    _declare(
+        gateway,
+        queue,
+        {
+            **QUORUM,
+            "x-max-length": 10,
+            "x-overflow": "reject-publish",
+            "qpid.flow_stop_count": 0,
+            "qpid.flow_stop_size": 0,
+        },
+    )
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    refused = 0
+    for n in range(15):
+        try:
+            channel.basic_publish("", queue, b"%d" % n)
+        except pika.exceptions.NackError:
+            refused += 1
+    held = channel.queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    # A quorum queue's limit is soft (it may take one past it): ask RabbitMQ.
+    assert refused >= 4
+    assert gateway.queue(queue)["messages"] == 15 - refused == held
+
+
+@pytest.mark.slow
+def test_drop_head_overflow_depth_is_reconciled(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("quorum-drop")
+    cleanup_queues.append(queue)
+    _declare(gateway, queue, {**QUORUM, "x-max-length": 10})  # drop-head: no thresholds
+    assert gateway.queue(queue)["source"] == "none"
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n in range(15):
+        channel.basic_publish("", queue, b"%d" % n)
+    connection.close()
+    # RabbitMQ dropped the five oldest; the gateway learns it from the statistics.
+    assert wait_for(
+        lambda: gateway.queue(queue)["messages"] == 10,
+        timeout=60,
+        interval=0.5,
+        what="depth reconciled to the 10 RabbitMQ keeps",
+    )
