@@ -170,6 +170,8 @@ class Gateway:
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
         self.routing_version = 0
+        #: While set, new client connections are refused with 320 and this text.
+        self.ready_error: str | None = None
 
     # -- connections ---------------------------------------------------------
 
