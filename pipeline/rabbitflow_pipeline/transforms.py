@@ -191,7 +191,8 @@ def _completed(raw: DataFrame) -> DataFrame:
     it does not start with ``{``) is read as a Broker-J operational line into
     ``ts``/``code``/``subject``/``message``; then any subject field or figure
     a record lacks is taken from its subject or message.  Each recovery is a
-    CASE on the field being null, so full records pay no regular expression.
+    CASE on the field being null and the event's code having the field, so
+    full records pay no regular expression.
     Adds ``_text`` (the line, for a text line) and ``_ts_text``.
     """
     corrupt = F.col(CORRUPT_COLUMN)
