@@ -243,7 +243,7 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
         for n in (2, 3)
     ]
     await h.from_upstream(rest + b"".join(deliveries))  # depth back to 2: unflowed
-    assert not relay._channels[1].blockers
+    assert not relay.engine.channels[1].blockers
     assert _flows(bytes(client.data), 1) == [False, True]
     client.feed_eof()
     upstream.feed_eof()
@@ -251,13 +251,12 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
 
 
 @pytest.mark.asyncio
-async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
-    await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
-    ((channel, close),) = harness.client_out.take()
-    assert channel == 0
-    assert isinstance(close, commands.Connection.Close)
-    assert close.reply_code == 501
-    assert harness.client_out.closed
+async def test_bad_frame_goes_to_rabbitmq_to_answer(harness: Harness) -> None:
+    bad = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00"
+    after = method(1, commands.Basic.Qos())
+    await harness.from_client(bad + after)
+    assert bytes(harness.upstream_out.data) == bad + after
+    assert harness.client_out.take() == []
 
 
 class _EagerTransport(FakeTransport):
@@ -285,7 +284,7 @@ async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> No
         return upstream
 
     client = _EagerTransport()
-    relay = Relay(gateway, connect=connect)
+    relay = Relay(gateway, connector=connect)
     client.attach(relay)
     first, second = PROTOCOL_HEADER, method(1, commands.Channel.Open())
     client.feed_data(first)
