@@ -34,7 +34,7 @@ from rabbitflow_broker.amqp import CONTENT_METHODS, content_properties, decode_a
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.engine_channel import Channel
 from rabbitflow_broker.events import ConnectionClosed, Event
-from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, FrameError
+from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, UNEXPECTED_FRAME, FrameError
 from rabbitflow_broker.gateway import BlockedChannel
 
 __all__ = [
@@ -266,14 +266,16 @@ class Engine:
             self._resume_if_allowed()
         return self._finish()
 
-    def close_connection(self, code: int, text_: str) -> None:
-        """Send the client Connection.Close and close once it answers (or soon)."""
+    def close_connection(self, code: int, text_: str, *, wait: bool = True) -> None:
+        """Send the client Connection.Close; close the sockets once it answers
+        (or after :data:`CLOSE_GRACE_S`), or at once without ``wait``."""
         if self._closing_at is not None or self._closed:
             return
         self._down.add(amqp.close_frame(0, code, amqp.reply_text(code, text_)))
         if self._upstream_ready and self._logged_in:
             self._up.add(amqp.close_frame(0, 200, "client connection closed by the gateway"))
         self._closing_at = self.now + CLOSE_GRACE_S
+        self._closed = not wait
 
     def shutdown(self, now: float, text_: str) -> Actions:
         """Close the client with 320 and ``text_`` (the driver drained first)."""
@@ -442,13 +444,13 @@ class Engine:
             if size > inbound.max_frame:
                 if not self._tuned:
                     raise FrameError(FRAME_ERROR, f"frame of {size} bytes before tune-ok")
-                self._passthrough = True
+                self._refuse(FRAME_ERROR, f"frame of {size} bytes exceeds frame-max")
                 return pos
             if end > size_all:
                 inbound.need = end - pos
                 return pos
             if buf[end - 1] != 0xCE:
-                self._passthrough = True
+                self._refuse(FRAME_ERROR, "frame does not end with 0xCE")
                 return pos
             channel = channels.get(number) if number else None
             if kind == _METHOD and size >= 4:
@@ -537,41 +539,35 @@ class Engine:
         if kind == _BODY:
             remaining = inbound.remaining.get(number)
             if remaining is None or number == 0:
-                self._passthrough = True
-                return False
+                return self._refuse(UNEXPECTED_FRAME, f"body frame on channel {number}")
             remaining -= end - pos - 8
             if remaining > 0:
                 inbound.remaining[number] = remaining
             else:
                 del inbound.remaining[number]
                 if remaining < 0:
-                    self._passthrough = True
-                    return False
+                    return self._refuse(FRAME_ERROR, "body longer than its header announced")
             return channel is None or channel.keep_content()
         if kind == _HEADER:
             if number not in inbound.expect_header:
-                self._passthrough = True
-                return False
+                return self._refuse(UNEXPECTED_FRAME, f"content header on channel {number}")
             inbound.expect_header.discard(number)
             try:
                 info = content_properties(bytes(buf[pos + 7 : end - 1]))
-            except FrameError:
-                self._passthrough = True
-                return False
+            except FrameError as exc:
+                return self._refuse(exc.code, exc.text)
             if info.body_size:
                 inbound.remaining[number] = info.body_size
             if channel is not None and channel.publish is not None:
                 channel.published(info)
             return channel is None or channel.keep_content()
         if kind == _HEARTBEAT:
-            return True
+            return True if number == 0 else self._refuse(FRAME_ERROR, "heartbeat on a channel")
         if kind != _METHOD or end - pos < 12:
-            self._passthrough = True
-            return False
+            return self._refuse(FRAME_ERROR, f"bad frame of type {kind} and size {end - pos - 8}")
         method = _U32.unpack_from(buf, pos + 7)[0]
         if number in inbound.expect_header or number in inbound.remaining:
-            self._passthrough = True
-            return False
+            return self._refuse(UNEXPECTED_FRAME, f"method frame on channel {number} mid-content")
         if method in CONTENT_METHODS:
             inbound.expect_header.add(number)
         payload = bytes(buf[pos + 7 : end - 1])
@@ -580,14 +576,12 @@ class Engine:
                 return self._connection_method(method, payload)
             if channel is None:
                 if method != amqp.CHANNEL_OPEN:
-                    self._passthrough = True  # RabbitMQ: 504 expected 'channel.open'
-                    return False
+                    return self._refuse(amqp.CHANNEL_ERROR, "expected 'channel.open'")
                 self.channels[number] = Channel(self, number)
                 return True
             return channel.client_method(method, payload)
-        except FrameError:
-            self._passthrough = True
-            return False
+        except FrameError as exc:
+            return self._refuse(exc.code, exc.text)
 
     def _connection_method(self, method: int, payload: bytes) -> bool:
         if method == amqp.CONNECTION_START_OK:
@@ -601,13 +595,26 @@ class Engine:
         elif method == amqp.CONNECTION_OPEN:
             self.vhost = text(decode_args(method, payload)[0]) or "/"
         elif method >> 16 != 10:
-            self._passthrough = True  # RabbitMQ: 504 CHANNEL_ERROR
-            return False
+            return self._refuse(amqp.CHANNEL_ERROR, f"{amqp.method_name(method)} on channel 0")
         return True
+
+    def _refuse(self, code: int, reason: str) -> bool:
+        """A frame the gateway cannot follow.  Once the connection is open,
+        RabbitMQ judges it: it and everything after go upstream unread, and
+        RabbitMQ closes with its own code.  Before that, RabbitMQ would drop
+        the socket without a word, so the gateway closes with ``code``.
+
+        Raises:
+            FrameError: before the connection is open.
+        """
+        if not self._open:
+            raise FrameError(code, reason)
+        self._passthrough = True
+        return False
 
     def _protocol_error(self, exc: FrameError) -> None:
         self._client.pending.clear()
-        self.close_connection(exc.code, exc.text)
+        self.close_connection(exc.code, exc.text, wait=False)
 
     # -- upstream -> client ------------------------------------------------------
 

@@ -251,12 +251,13 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
 
 
 @pytest.mark.asyncio
-async def test_bad_frame_goes_to_rabbitmq_to_answer(harness: Harness) -> None:
-    bad = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00"
-    after = method(1, commands.Basic.Qos())
-    await harness.from_client(bad + after)
-    assert bytes(harness.upstream_out.data) == bad + after
-    assert harness.client_out.take() == []
+async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
+    await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
+    ((channel, close),) = harness.client_out.take()
+    assert channel == 0
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 501
+    assert harness.client_out.closed
 
 
 class _EagerTransport(FakeTransport):
