@@ -2,10 +2,18 @@
 
 API:
 
-``GatewayProcess(upstream, management_url, *, profile=None, event_loop="auto")``
+``GatewayProcess(upstream, management_url, *, profile=None, event_loop="auto", source=None)``
     ``rabbitflow-broker`` as a subprocess on free ports (``.url``,
-    ``.admin_url``); a context manager that stops it with SIGINT.  With
-    ``profile=PATH`` it runs under cProfile and writes the stats there.
+    ``.admin_url``, ``.pid``); a context manager that stops it with SIGINT.
+    With ``profile=PATH`` it runs under cProfile and writes the stats there;
+    with ``source=TREE`` it imports the gateway from another checkout
+    (``TREE/broker_plugin``, ``TREE/client`` and ``TREE/pipeline`` first on
+    its ``PYTHONPATH``), so two versions can be compared in one run;
+    ``.imported_from`` is the ``rabbitflow_broker`` package it runs.
+``process_cpu_seconds(pid) -> float``
+    utime + stime of a process so far, from ``/proc/<pid>/stat``.
+``broker_pid(management_url, user, password) -> int``
+    The OS pid of the RabbitMQ node (its ``beam.smp``) behind a management API.
 ``publish_window(url, queue, body, messages, window)``
     SelectConnection with publisher confirms, at most ``window``
     unconfirmed; returns ``(seconds, latencies)`` where ``latencies`` are
@@ -23,12 +31,15 @@ API:
 
 from __future__ import annotations
 
+import base64
+import json
 import math
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +52,10 @@ from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
 __all__ = [
     "BenchError",
     "GatewayProcess",
+    "broker_pid",
     "consume",
     "percentile",
+    "process_cpu_seconds",
     "publish_no_confirms",
     "publish_window",
 ]
@@ -64,6 +77,7 @@ class GatewayProcess:
         *,
         profile: str | None = None,
         event_loop: str = "auto",
+        source: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
@@ -87,16 +101,47 @@ class GatewayProcess:
             event_loop,
         ]
         self._command = command
+        self._env = dict(os.environ)
+        if source is not None:
+            tree = source.resolve()
+            if not (tree / "broker_plugin" / "rabbitflow_broker").is_dir():
+                raise BenchError(f"{tree} holds no broker_plugin/rabbitflow_broker")
+            # PYTHONPATH comes before the editable install's finder (appended to
+            # sys.meta_path), so these packages shadow the venv's own tree.
+            roots = [str(tree / part) for part in ("broker_plugin", "client", "pipeline")]
+            if self._env.get("PYTHONPATH"):
+                roots.append(self._env["PYTHONPATH"])
+            self._env["PYTHONPATH"] = os.pathsep.join(roots)
         self._process: subprocess.Popen[bytes] | None = None
         self._log = Path(os.environ.get("TMPDIR", "/tmp")) / f"rf-bench-gateway-{self.port}.log"
+        self.imported_from = self._imported_from()
+
+    def _imported_from(self) -> str:
+        """The ``rabbitflow_broker`` package directory the subprocess will import."""
+        probe = subprocess.run(
+            [sys.executable, "-c", "import rabbitflow_broker as m; print(m.__path__[0])"],
+            env=self._env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return probe.stdout.strip()
 
     @property
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise BenchError("gateway not started")
+        return self._process.pid
+
     def __enter__(self) -> GatewayProcess:
         with open(self._log, "wb") as log:
-            self._process = subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT)
+            self._process = subprocess.Popen(
+                self._command, stdout=log, stderr=subprocess.STDOUT, env=self._env
+            )
         try:
             wait_for_amqp("127.0.0.1", self.port, time.monotonic() + 60)
         except Exception as exc:
@@ -115,6 +160,45 @@ class GatewayProcess:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` so far, in seconds (all its threads).
+
+    Raises:
+        BenchError: the process is gone or ``/proc`` is unreadable.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError as exc:
+        raise BenchError(f"cannot read /proc/{pid}/stat: {exc}") from exc
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_pid(management_url: str, user: str, password: str) -> int:
+    """The OS pid of the RabbitMQ node behind ``management_url`` (its ``beam.smp``).
+
+    Raises:
+        BenchError: the API gives no single local node, or that pid is not a beam.smp.
+    """
+    request = urllib.request.Request(management_url.rstrip("/") + "/api/nodes")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        nodes = json.load(response)
+    pids = [int(node["os_pid"]) for node in nodes if node.get("running", True)]
+    if len(pids) != 1:
+        raise BenchError(f"expected one running RabbitMQ node, the API lists {len(pids)}")
+    try:
+        cmdline = Path(f"/proc/{pids[0]}/cmdline").read_bytes()
+    except OSError as exc:
+        raise BenchError(f"RabbitMQ pid {pids[0]} is not on this machine: {exc}") from exc
+    if b"beam.smp" not in cmdline:
+        raise BenchError(f"RabbitMQ pid {pids[0]} is not a beam.smp process")
+    return pids[0]
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

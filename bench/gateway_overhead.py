@@ -14,23 +14,38 @@ gateway's flow control never engages, and RabbitMQ ignores those arguments):
 * ``no confirms 256B``: SelectConnection without confirms; the clock stops
   when a confirmed marker sent after the last message is confirmed;
 * ``consume prefetch100``: basic.consume with prefetch 100 and one ack per
-  delivery from a queue pre-filled (directly) with the messages.
+  delivery from a queue pre-filled (directly, before the clock and the CPU
+  meters start) with the messages.
 
 The gateway runs as a ``rabbitflow-broker`` subprocess on free ports, as
 it would be deployed (``--profile FILE`` runs it under cProfile).  For each
-workload the direct and the gateway run alternate, ``--rounds`` times, and
-the median is kept.  Printed: msgs/s per path, through/direct ratio (target
->= 0.85 for each throughput workload), p50/p99 latencies and the added
-p50 (target <= 0.5 ms, window 1).
+workload the paths (direct, then each gateway) take turns, ``--rounds``
+times, the order rotating each round, and the summary keeps the MEDIAN of
+the rounds.  Printed: msgs/s per path, through/direct ratio (target >= 0.85
+for each throughput workload), p50/p99 latencies and the added p50 (target
+<= 0.5 ms, window 1), and the CPU each side spent during the timed part of
+each round, from ``/proc/<pid>/stat`` (utime + stime): the gateway's CPU per
+relayed message (µs), the gateway's CPU divided by RabbitMQ's in the same
+interval (RabbitMQ = the ``beam.smp`` of the node the management API
+answers for), and RabbitMQ's CPU per message on each path.  The broker is
+often shared: its CPU includes whatever else it serves meanwhile, so read
+the figures beside ``uptime``.
 
-Run: ``.venv/bin/python bench/gateway_overhead.py [--messages N]`` (full run:
-100,000 messages per workload; ``--messages 5000`` is a smoke run).
-``RABBITMQ_URL`` / ``--url`` and ``--management-url`` pick the broker.
+``--gateway-src [LABEL=]TREE`` (repeatable) runs a gateway from another
+checkout (``TREE/broker_plugin`` etc. first on the subprocess's
+``PYTHONPATH``) instead of this tree's; give it twice to compare two
+versions in one run, e.g. ``--gateway-src new=. --gateway-src old=../old``.
+
+Run: ``.venv/bin/python bench/gateway_overhead.py [--messages N] [--rounds R]``
+(full run: 100,000 messages per workload, 5 rounds; ``--messages 5000
+--rounds 1`` is a smoke run).  ``RABBITMQ_URL`` / ``--url`` and
+``--management-url`` pick the broker.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -38,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pika
 
@@ -48,8 +64,10 @@ from bench._common import DEFAULT_URL, payload, queue_depth, scratch_queue
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
+    broker_pid,
     consume,
     percentile,
+    process_cpu_seconds,
     publish_no_confirms,
     publish_window,
 )
@@ -57,11 +75,16 @@ from bench._gateway_common import (
 NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
 RATIO_TARGET = 0.85
 ADDED_LATENCY_TARGET_MS = 0.5
+DIRECT = "direct"
+
+
+def _per_path() -> dict[str, list[float]]:
+    return {}
 
 
 @dataclass
 class Result:
-    """Rounds of one workload on both paths."""
+    """Rounds of one workload on every path (``direct`` and each gateway label)."""
 
     name: str
     messages: int
@@ -69,29 +92,57 @@ class Result:
     latency_only: bool = False
     #: Ready messages the queue must hold right after the run (None: not checked).
     expect_depth: int | None = None
-    rates: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
-    p50_ms: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
-    p99_ms: dict[str, list[float]] = field(default_factory=lambda: {"direct": [], "gateway": []})
+    rates: dict[str, list[float]] = field(default_factory=_per_path)
+    p50_ms: dict[str, list[float]] = field(default_factory=_per_path)
+    p99_ms: dict[str, list[float]] = field(default_factory=_per_path)
+    #: Per round: the gateway's CPU µs per message (gateway paths only).
+    gateway_us: dict[str, list[float]] = field(default_factory=_per_path)
+    #: Per round: the gateway's CPU / RabbitMQ's CPU over the same interval.
+    gateway_over_broker: dict[str, list[float]] = field(default_factory=_per_path)
+    #: Per round: RabbitMQ's CPU µs per message (every path).
+    broker_us: dict[str, list[float]] = field(default_factory=_per_path)
 
     def rate(self, path: str) -> float:
         return statistics.median(self.rates[path])
 
-    def ratio(self) -> float:
-        return self.rate("gateway") / self.rate("direct")
+    def ratio(self, path: str) -> float:
+        return self.rate(path) / self.rate(DIRECT)
 
-    def latency(self, path: str, which: str = "p50") -> float | None:
-        values = (self.p50_ms if which == "p50" else self.p99_ms)[path]
+    def median(self, series: dict[str, list[float]], path: str) -> float | None:
+        values = series.get(path)
         return statistics.median(values) if values else None
 
 
-Workload = Callable[[str, str], tuple[float, list[float] | None]]
+@dataclass(frozen=True)
+class Workload:
+    """``run(url, queue) -> (seconds, latencies | None)``, timed and metered.
+
+    ``prepare(queue)`` (optional) runs first, directly against RabbitMQ,
+    outside the clock and the CPU meters.
+    """
+
+    run: Callable[[str, str], tuple[float, list[float] | None]]
+    prepare: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class GatewaySource:
+    """A gateway path: its label and the tree it runs from (None: this tree)."""
+
+    label: str
+    tree: Path | None
+
+
+def _parse_source(text: str) -> GatewaySource:
+    label, sep, tree = text.partition("=")
+    if not sep:
+        label, tree = "", text
+    path = Path(tree).expanduser()
+    return GatewaySource(label or path.resolve().name, path)
 
 
 def _prefill(url: str, queue: str, body: bytes, messages: int) -> None:
     publish_window(url, queue, body, messages, 500)
-
-
-def _wait_ready(url: str, queue: str, messages: int) -> None:
     deadline = time.monotonic() + 60
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -104,15 +155,38 @@ def _wait_ready(url: str, queue: str, messages: int) -> None:
         connection.close()
 
 
+class CpuMeter:
+    """CPU seconds of RabbitMQ and the gateways between ``start`` and ``stop``."""
+
+    def __init__(self, broker: int, gateways: dict[str, int]) -> None:
+        self._broker = broker
+        self._gateways = gateways
+
+    def sample(self, path: str) -> tuple[float, float]:
+        gateway = process_cpu_seconds(self._gateways[path]) if path in self._gateways else 0.0
+        return process_cpu_seconds(self._broker), gateway
+
+
 def run_workload(
-    result: Result, workload: Workload, paths: dict[str, str], direct: str, rounds: int
+    result: Result,
+    workload: Workload,
+    paths: dict[str, str],
+    *,
+    direct: str,
+    rounds: int,
+    meter: CpuMeter,
 ) -> None:
+    labels = list(paths)
     for round_no in range(rounds):
-        order = ["direct", "gateway"] if round_no % 2 == 0 else ["gateway", "direct"]
-        for path in order:
+        shift = round_no % len(labels)
+        for path in labels[shift:] + labels[:shift]:
             url = paths[path]
             with scratch_queue(url, "gwo", arguments=NO_FLOW) as queue:
-                seconds, latencies = workload(url, queue)
+                if workload.prepare is not None:
+                    workload.prepare(queue)
+                broker0, gateway0 = meter.sample(path)
+                seconds, latencies = workload.run(url, queue)
+                broker1, gateway1 = meter.sample(path)
                 if result.expect_depth is not None:
                     # A confirm the gateway sent before RabbitMQ had the message would show here.
                     depth = queue_depth(direct, queue)
@@ -121,15 +195,99 @@ def run_workload(
                             f"{result.name} via {path}: {depth} messages in the queue right "
                             f"after the last confirm, expected {result.expect_depth}"
                         )
-            result.rates[path].append(result.messages / seconds)
-            if latencies:
-                result.p50_ms[path].append(percentile(latencies, 50) * 1000)
-                result.p99_ms[path].append(percentile(latencies, 99) * 1000)
-            print(
-                f"  {result.name:<22} {path:<8} {result.messages / seconds:>10,.0f} msg/s"
-                + (f"  p50 {percentile(latencies, 50) * 1000:.3f} ms" if latencies else ""),
-                flush=True,
+            _record(
+                result,
+                path,
+                seconds,
+                latencies,
+                broker_cpu=broker1 - broker0,
+                gateway_cpu=gateway1 - gateway0,
             )
+
+
+def _record(
+    result: Result,
+    path: str,
+    seconds: float,
+    latencies: list[float] | None,
+    *,
+    broker_cpu: float,
+    gateway_cpu: float,
+) -> None:
+    rate = result.messages / seconds
+    result.rates.setdefault(path, []).append(rate)
+    broker_us = broker_cpu / result.messages * 1e6
+    result.broker_us.setdefault(path, []).append(broker_us)
+    line = f"  {result.name:<22} {path:<8} {rate:>10,.0f} msg/s"
+    if latencies:
+        p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
+        result.p50_ms.setdefault(path, []).append(p50)
+        result.p99_ms.setdefault(path, []).append(p99)
+        line += f"  p50 {p50:.3f} ms"
+    line += f"  RabbitMQ {broker_us:6.1f} µs/msg"
+    if path != DIRECT:
+        gateway_us = gateway_cpu / result.messages * 1e6
+        result.gateway_us.setdefault(path, []).append(gateway_us)
+        line += f"  gateway {gateway_us:6.1f} µs/msg"
+        if broker_cpu > 0:
+            result.gateway_over_broker.setdefault(path, []).append(gateway_cpu / broker_cpu)
+            line += f" ({gateway_cpu / broker_cpu:.2f}x RabbitMQ)"
+    print(line, flush=True)
+
+
+def _loadavg() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
+    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def print_summary(workloads: list[tuple[Result, Workload]], gateways: list[str]) -> bool:
+    """Print the medians per workload and gateway; return whether the targets are met."""
+    ok = True
+    for label in gateways:
+        print()
+        print(f"gateway {label!r}: medians of the rounds")
+        print(
+            f"{'workload':<22} {'direct/s':>10} {'gateway/s':>10} {'ratio':>6}  "
+            f"{'p50 direct':>10} {'p50 gw':>8} {'added':>8}  {'p99 direct':>10} {'p99 gw':>8}"
+        )
+        for result, _ in workloads:
+            ratio = result.ratio(label)
+            line = (
+                f"{result.name:<22} {result.rate(DIRECT):>10,.0f} {result.rate(label):>10,.0f} "
+                f"{ratio:>6.2f}"
+            )
+            mark = ""
+            if not result.latency_only and ratio < RATIO_TARGET:
+                mark, ok = f"  ratio < {RATIO_TARGET}", False
+            p50_d, p50_g = result.median(result.p50_ms, DIRECT), result.median(result.p50_ms, label)
+            if p50_d is not None and p50_g is not None:
+                added = p50_g - p50_d
+                line += (
+                    f"  {p50_d:>8.3f}ms {p50_g:>6.3f}ms {added:>+6.3f}ms"
+                    f"  {_fmt(result.median(result.p99_ms, DIRECT), '>8.3f', 'ms')} "
+                    f"{_fmt(result.median(result.p99_ms, label), '>6.3f', 'ms')}"
+                )
+                if result.latency_only and added > ADDED_LATENCY_TARGET_MS:
+                    mark += f"  added > {ADDED_LATENCY_TARGET_MS} ms"
+                    ok = False
+            print(line + mark)
+        print()
+        print(
+            f"{'workload':<22} {'gw µs/msg':>10} {'gw/RabbitMQ CPU':>16}  "
+            f"{'RabbitMQ µs/msg direct':>22} {'via gw':>7}"
+        )
+        for result, _ in workloads:
+            print(
+                f"{result.name:<22} {_fmt(result.median(result.gateway_us, label), '>10.1f')} "
+                f"{_fmt(result.median(result.gateway_over_broker, label), '>16.2f')}  "
+                f"{_fmt(result.median(result.broker_us, DIRECT), '>22.1f')} "
+                f"{_fmt(result.median(result.broker_us, label), '>7.1f')}"
+            )
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,11 +296,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--latency-messages", type=int, default=None, help="window-1 run (messages / 10)"
     )
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds per workload")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds per workload, median kept (5)"
+    )
     parser.add_argument("--url", default=os.environ.get("RABBITMQ_URL", DEFAULT_URL))
     parser.add_argument(
         "--management-url",
         default=os.environ.get("RABBITMQ_MANAGEMENT_URL", "http://127.0.0.1:15672"),
+    )
+    parser.add_argument(
+        "--gateway-src",
+        action="append",
+        type=_parse_source,
+        default=[],
+        metavar="[LABEL=]TREE",
+        help="run a gateway from this source tree (repeatable; default: this tree)",
     )
     parser.add_argument("--profile", help="run the gateway under cProfile, stats to this file")
     parser.add_argument(
@@ -152,67 +320,74 @@ def main(argv: list[str] | None = None) -> int:
         help="the gateway's --event-loop (auto: uvloop when installed)",
     )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    sources: list[GatewaySource] = args.gateway_src or [GatewaySource("gateway", None)]
+    labels = [source.label for source in sources]
+    if len(set(labels)) != len(labels) or DIRECT in labels:
+        parser.error(f"gateway labels must be distinct and not {DIRECT!r}: {labels}")
+    if args.profile and len(sources) > 1:
+        parser.error("--profile takes one gateway")
     n = args.messages
     latency_n = args.latency_messages or max(1000, n // 10)
     small, large = payload(256), payload(4096)
+    parts = urlsplit(args.url)
+    broker = broker_pid(
+        args.management_url, unquote(parts.username or "guest"), unquote(parts.password or "guest")
+    )
 
-    with GatewayProcess(
-        args.url, args.management_url, profile=args.profile, event_loop=args.event_loop
-    ) as gateway:
-        paths = {"direct": args.url, "gateway": gateway.url}
-        print(f"gateway subprocess on 127.0.0.1:{gateway.port}; {n:,} messages per workload")
+    with contextlib.ExitStack() as stack:
+        paths = {DIRECT: args.url}
+        pids: dict[str, int] = {}
+        for source in sources:
+            gateway = stack.enter_context(
+                GatewayProcess(
+                    args.url,
+                    args.management_url,
+                    profile=args.profile,
+                    event_loop=args.event_loop,
+                    source=source.tree,
+                )
+            )
+            paths[source.label] = gateway.url
+            pids[source.label] = gateway.pid
+            print(
+                f"gateway {source.label!r}: subprocess pid {gateway.pid} on "
+                f"127.0.0.1:{gateway.port}, code from {gateway.imported_from}"
+            )
+        print(
+            f"RabbitMQ beam.smp pid {broker}; {n:,} messages per workload, "
+            f"{args.rounds} rounds, median kept; load average at the start: {_loadavg()}"
+        )
+        meter = CpuMeter(broker, pids)
 
-        def window(body: bytes, size: int) -> Workload:
-            return lambda url, queue: publish_window(url, queue, body, size, 100)
+        def window(body: bytes, size: int, width: int) -> Workload:
+            return Workload(lambda url, queue: publish_window(url, queue, body, size, width))
 
         def no_confirms(url: str, queue: str) -> tuple[float, list[float] | None]:
             return publish_no_confirms(url, queue, small, n), None
 
         def consumer(url: str, queue: str) -> tuple[float, list[float] | None]:
-            _prefill(args.url, queue, small, n)
-            _wait_ready(args.url, queue, n)
             return consume(url, queue, n, 100), None
 
         workloads: list[tuple[Result, Workload]] = [
-            (Result("confirms w100 256B", n, expect_depth=n), window(small, n)),
-            (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n)),
+            (Result("confirms w100 256B", n, expect_depth=n), window(small, n, 100)),
+            (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n, 100)),
             (
                 Result("confirms w1 256B", latency_n, latency_only=True, expect_depth=latency_n),
-                lambda url, q: publish_window(url, q, small, latency_n, 1),
+                window(small, latency_n, 1),
             ),
-            (Result("no confirms 256B", n, expect_depth=n + 1), no_confirms),
-            (Result("consume prefetch100", n), consumer),
+            (Result("no confirms 256B", n, expect_depth=n + 1), Workload(no_confirms)),
+            (
+                Result("consume prefetch100", n),
+                Workload(consumer, prepare=lambda queue: _prefill(args.url, queue, small, n)),
+            ),
         ]
         for result, workload in workloads:
-            run_workload(result, workload, paths, args.url, args.rounds)
+            run_workload(result, workload, paths, direct=args.url, rounds=args.rounds, meter=meter)
 
-    print()
-    print(
-        f"{'workload':<22} {'direct/s':>10} {'gateway/s':>10} {'ratio':>6}  "
-        f"{'p50 direct':>10} {'p50 gw':>8} {'added':>8}  {'p99 direct':>10} {'p99 gw':>8}"
-    )
-    ok = True
-    for result, _ in workloads:
-        ratio = result.ratio()
-        line = (
-            f"{result.name:<22} {result.rate('direct'):>10,.0f} {result.rate('gateway'):>10,.0f} "
-            f"{ratio:>6.2f}"
-        )
-        mark = ""
-        if not result.latency_only and ratio < RATIO_TARGET:
-            mark, ok = "  ratio < 0.85", False
-        p50_d, p50_g = result.latency("direct"), result.latency("gateway")
-        if p50_d is not None and p50_g is not None:
-            added = p50_g - p50_d
-            line += (
-                f"  {p50_d:>8.3f}ms {p50_g:>6.3f}ms {added:>+6.3f}ms"
-                f"  {result.latency('direct', 'p99') or 0:>8.3f}ms "
-                f"{result.latency('gateway', 'p99') or 0:>6.3f}ms"
-            )
-            if result.latency_only and added > ADDED_LATENCY_TARGET_MS:
-                mark += "  added > 0.5 ms"
-                ok = False
-        print(line + mark)
+    print(f"load average at the end: {_loadavg()}")
+    ok = print_summary(workloads, labels)
     print()
     print(
         f"targets: through/direct >= {RATIO_TARGET} and added p50 <= {ADDED_LATENCY_TARGET_MS} ms: "

@@ -139,6 +139,7 @@ for _state in Gate:
 
 _FLOWED_STATES = frozenset({Gate.FLOWED, Gate.FLOWED_BLOCKED})
 _BLOCKED_STATES = frozenset({Gate.BLOCKED, Gate.FLOWED_BLOCKED})
+_SIGNAL_STATES = _FLOWED_STATES | _BLOCKED_STATES
 
 
 class IllegalTransitionError(IllegalStateError):
@@ -265,6 +266,13 @@ class ProducerWindow(Generic[T]):
     def can_accept(self) -> bool:
         """True when ``accept`` would not have to wait."""
         return self.gate.is_open and not self._retry and self.in_flight < self.capacity
+
+    @property
+    def flow_signalled(self) -> bool:
+        """True while the broker holds the producer back: Channel.Flow off,
+        connection.blocked, or nacked messages awaiting re-send.  A window
+        that is merely full, or a lost connection, is not a flow signal."""
+        return self.gate.state in _SIGNAL_STATES or bool(self._retry)
 
     def wait_reason(self) -> str:
         """Why a send has to wait ("" when it does not)."""

@@ -278,6 +278,13 @@ class MessageProducer:
                 wait = None
                 self._cond.wait(0.5)
                 continue
+            if self._config.wait_failure_ms == 0 and not self._window.flow_signalled:
+                # SPEC: 0 means "raise at once under flow control"; a window
+                # merely full is not flow control, so wait for its confirms
+                # silently (a dead connection ends the wait through recovery).
+                wait = None
+                self._wait(self._cond, 0.5)
+                continue
             if wait is None:
                 wait = SendWait(
                     now,

@@ -35,12 +35,16 @@ class AdvancingWait:
         self.clock = clock
         self.waits: list[float] = []
         self.limit = 10_000
+        # Broker-side events to play while a caller waits, one per wait call.
+        self.during_wait: list[Callable[[], None]] = []
 
     def __call__(self, _condition: threading.Condition, timeout: float) -> None:
         self.waits.append(timeout)
         if len(self.waits) > self.limit:
             raise AssertionError("send waited forever")
         self.clock.advance(timeout)
+        if self.during_wait:
+            self.during_wait.pop(0)()
 
 
 @dataclass

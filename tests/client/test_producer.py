@@ -115,12 +115,59 @@ def test_flow_records_carry_structured_fields(caplog: pytest.LogCaptureFixture) 
         assert record.__dict__["capacity"] == 1
 
 
-def test_zero_wait_failure_raises_at_once() -> None:
-    harness, session, producer, _ = setup({"qpid.flow_control_wait_failure": 0}, capacity=1)
+def test_zero_wait_failure_waits_silently_for_confirms_on_a_full_window(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="rabbitflow.client")
+    harness, session, producer, channel = setup({"qpid.flow_control_wait_failure": 0}, capacity=1)
     producer.send(session.create_text_message("1"))
+    # A full window is not flow control: the send waits for the confirm
+    # (which comes during its fourth wait) instead of raising.
+    harness.wait.during_wait = [
+        lambda: None,
+        lambda: None,
+        lambda: None,
+        lambda: channel.emit_ack(1),
+    ]
+    producer.send(session.create_text_message("2"))
+    assert bodies(harness) == [b"1", b"2"]
+    assert len(harness.wait.waits) == 4
+    assert flow_records(caplog) == []
+
+
+def test_zero_wait_failure_raises_at_once_under_channel_flow() -> None:
+    harness, session, producer, channel = setup({"qpid.flow_control_wait_failure": 0}, capacity=5)
+    channel.emit_flow(False)
+    with pytest.raises(rabbitflow.FlowControlTimeoutError, match="for 0 seconds"):
+        producer.send(session.create_text_message("1"))
+    assert bodies(harness) == []
+    assert harness.wait.waits == []
+
+
+def test_zero_wait_failure_raises_at_once_while_the_connection_is_blocked() -> None:
+    harness, session, producer, _ = setup({"qpid.flow_control_wait_failure": 0}, capacity=5)
+    harness.transport.emit_blocked()
+    with pytest.raises(rabbitflow.FlowControlTimeoutError, match="for 0 seconds"):
+        producer.send(session.create_text_message("1"))
+    assert bodies(harness) == []
+
+
+def test_zero_wait_failure_raises_at_once_while_a_nack_awaits_resend() -> None:
+    harness, session, producer, channel = setup({"qpid.flow_control_wait_failure": 0}, capacity=5)
+    producer.send(session.create_text_message("1"))
+    channel.emit_nack(1)
     with pytest.raises(rabbitflow.FlowControlTimeoutError, match="for 0 seconds"):
         producer.send(session.create_text_message("2"))
-    assert harness.wait.waits == []
+    assert bodies(harness) == [b"1"]
+
+
+def test_zero_wait_failure_raises_when_flow_arrives_during_a_full_window_wait() -> None:
+    harness, session, producer, channel = setup({"qpid.flow_control_wait_failure": 0}, capacity=1)
+    producer.send(session.create_text_message("1"))
+    harness.wait.during_wait = [lambda: channel.emit_flow(False)]
+    with pytest.raises(rabbitflow.FlowControlTimeoutError, match="for 0 seconds"):
+        producer.send(session.create_text_message("2"))
+    assert bodies(harness) == [b"1"]
 
 
 def test_confirm_frees_the_window() -> None:

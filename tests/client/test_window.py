@@ -161,3 +161,31 @@ def test_drain_returns_everything_unconfirmed_in_send_order() -> None:
 def test_capacity_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="capacity"):
         ProducerWindow(0)
+
+
+def test_a_full_window_is_not_a_flow_signal() -> None:
+    w = window(1)
+    fill(w, "a")
+    w.take(0.0)
+    assert not w.flow_signalled
+
+
+@pytest.mark.parametrize("event", [GateEvent.FLOW_OFF, GateEvent.BLOCKED])
+def test_flow_and_blocked_are_flow_signals(event: GateEvent) -> None:
+    w = window()
+    w.handle(event)
+    assert w.flow_signalled
+
+
+def test_a_nack_awaiting_resend_is_a_flow_signal() -> None:
+    w = window()
+    fill(w, "a")
+    w.take(0.0)
+    w.nack(1, multiple=False, now=0.0)
+    assert w.flow_signalled
+
+
+def test_a_lost_connection_is_not_a_flow_signal() -> None:
+    w = window()
+    w.handle(GateEvent.CONNECTION_LOST)
+    assert not w.flow_signalled

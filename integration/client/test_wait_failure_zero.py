@@ -1,0 +1,107 @@
+"""``qpid.flow_control_wait_failure=0`` raises at once only under flow control.
+
+A window that is merely full waits for its confirms (direct to RabbitMQ,
+where nothing flow-controls); a channel the gateway has flowed makes the
+next send raise at once, and that message is not enqueued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pika
+import pytest
+
+import rabbitflow
+
+from ..conftest import Broker
+from ._support import CLIENT_LOGGER, drain, numbers, wait_until
+
+_WAIT_EVENTS = {"send_delayed", "send_failed"}
+
+
+def _wait_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == CLIENT_LOGGER and r.__dict__.get("flow_event") in _WAIT_EVENTS
+    ]
+
+
+def test_a_full_window_never_reports_flow_control(
+    broker: Broker,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
+    name = unique_name("wf0")
+    cleanup_queues.append(name)
+    factory = rabbitflow.ConnectionFactory(
+        broker.url, properties={"qpid.flow_control_wait_failure": 0}
+    )
+    with factory.create_connection() as connection:
+        session = connection.create_session()
+        producer = session.create_producer(session.create_queue(name), capacity=5)
+        for n in range(1, 3001):
+            producer.send(
+                session.create_text_message(str(n)), delivery_mode=rabbitflow.NON_PERSISTENT
+            )
+        wait_until(lambda: producer.unconfirmed_count == 0, 30, "every confirm")
+        producer.close()
+    assert _wait_records(caplog) == []
+    assert numbers(drain(broker.url, name)) == list(range(1, 3001))
+
+
+def test_a_flowed_channel_raises_at_once_and_enqueues_nothing(
+    broker: Broker,
+    gateway_url: str,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
+    name = unique_name("wf0gw")
+    cleanup_queues.append(name)
+    declarer = pika.BlockingConnection(pika.URLParameters(gateway_url))
+    declarer.channel().queue_declare(
+        name, durable=True, arguments={"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
+    )
+    declarer.close()
+    factory = rabbitflow.ConnectionFactory(
+        gateway_url, properties={"qpid.flow_control_wait_failure": 0}
+    )
+    with factory.create_connection() as connection:
+        session = connection.create_session()
+        producer = session.create_producer(session.create_queue(name), capacity=5)
+        sent = 0
+        failure: rabbitflow.FlowControlTimeoutError | None = None
+        for n in range(1, 101):
+            try:
+                producer.send(session.create_text_message(str(n)))
+            except rabbitflow.FlowControlTimeoutError as exc:
+                failure = exc
+                break
+            sent = n
+        assert failure is not None, "send() never raised on the flowed channel"
+        assert str(failure) == (
+            "Unable to send message for 0 seconds due to broker enforced flow control"
+        )
+        assert producer.flow_state == "flowed"
+        # Everything accepted reaches RabbitMQ; the refused message does not.
+        wait_until(lambda: _ready(broker, name) >= sent, 30, f"{sent} messages in the queue")
+        assert numbers(drain(broker.url, name)) == list(range(1, sent + 1))
+        wait_until(lambda: producer.flow_state == "open", 30, "the gateway to unflow the channel")
+        wait_until(lambda: producer.unconfirmed_count == 0, 30, "every confirm")
+        producer.close()
+    assert [r.__dict__["flow_event"] for r in _wait_records(caplog)] == ["send_failed"]
+    assert 10 <= sent <= 15, "the queue stops at its threshold, plus at most one window"
+
+
+def _ready(broker: Broker, name: str) -> int:
+    connection = broker.blocking_connection()
+    try:
+        return int(connection.channel().queue_declare(name, passive=True).method.message_count)
+    finally:
+        connection.close()
