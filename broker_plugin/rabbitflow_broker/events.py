@@ -54,6 +54,8 @@ def format_number(value: int) -> str:
 
 
 def _vhost_path(vhost: str) -> str:
+    # Broker-J's spelling, the same in every subject: vhost "/" prints "/",
+    # any other vhost "name" prints "/name".
     return vhost if vhost.startswith("/") else "/" + vhost
 
 
@@ -73,7 +75,11 @@ class Event:
 
     @property
     def subject(self) -> str:
-        """The Broker-J subject in brackets, e.g. ``[vh(/)/qu(orders)]``."""
+        """The Broker-J subject in brackets, e.g. ``[vh(/)/qu(orders)]``.
+
+        The vhost is spelt as Broker-J does: ``/`` for "/", ``/billing``
+        for "billing" (``[vh(/billing)/qu(orders)]``), in every subject.
+        """
         raise NotImplementedError
 
     @property
@@ -108,7 +114,7 @@ class QueueEvent(Event):
 
     @property
     def subject(self) -> str:
-        return f"[vh({self.vhost})/qu({self.queue})]"
+        return f"[vh({_vhost_path(self.vhost)})/qu({self.queue})]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +259,7 @@ class StoreEvent(Event):
 
     @property
     def subject(self) -> str:
-        return f"[vh({self.vhost})/ms({self.store})]"
+        return f"[vh({_vhost_path(self.vhost)})/ms({self.store})]"
 
 
 @dataclass(frozen=True, kw_only=True)

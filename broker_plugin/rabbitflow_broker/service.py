@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.events import Event
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
@@ -41,10 +42,6 @@ __all__ = ["EventSink", "GatewayService", "disk_store_sizes"]
 
 _log = structlog.get_logger("rabbitflow.broker")
 _events_log = structlog.get_logger("rabbitflow.broker.events")
-
-# RabbitMQ's statistics (message_bytes) are collected every 5 s by default;
-# bytes are adopted only for queues quiet for longer than that.
-_STATS_SETTLE_S = 12.0
 
 
 class EventSink:
@@ -131,7 +128,7 @@ class GatewayService:
         self._tasks: list[asyncio.Task[None]] = []
         self._relays: set[Relay] = set()
         self._background: set[asyncio.Task[None]] = set()
-        self._last_totals: dict[tuple[str, str], tuple[int, int]] = {}
+        self.depth_sources = DepthSources(interval=config.reconcile_interval / 1000)
         self.port = 0
         self.admin_port = 0
 
@@ -249,7 +246,14 @@ class GatewayService:
         return True
 
     async def reconcile_once(self, *, initial: bool = False) -> None:
-        """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile."""
+        """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile.
+
+        Which of RabbitMQ's counts is true for which queue type is decided
+        by :class:`~rabbitflow_broker.depth_source.DepthSources`: the
+        current totals for classic queues, the statistics (after a longer
+        quiet time) for quorum queues and streams, never a 0 or null that
+        the totals listing gives for those.
+        """
         gateway = self.gateway
         versions = {key: gateway.depth.version(key) for key in gateway.queue_keys()}
         try:
@@ -258,47 +262,33 @@ class GatewayService:
         except ManagementError as exc:
             _log.warning("depth reconciliation failed", error=str(exc))
             return
-        settle = self.config.reconcile_interval / 1000
         seen: set[tuple[str, str]] = set()
         for item in totals:
             key = (str(item["vhost"]), str(item["name"]))
             seen.add(key)
-            messages = item.get("messages")
-            if not isinstance(messages, int):
-                continue
             if not gateway.knows_queue(*key):
                 gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
                 if not gateway.routing.has_queue(*key):
                     gateway.routing.declare_queue(key[0], key[1], _arguments(item))
             seen_version = versions.get(key, gateway.depth.version(key))
-            # Adopt only a count RabbitMQ reported twice in a row while the
-            # gateway changed nothing: a publish still in flight upstream
-            # cannot look like bypass traffic then.
-            previous = self._last_totals.get(key)
-            self._last_totals[key] = (messages, seen_version)
-            if previous != (messages, seen_version) and not initial:
-                continue
-            gateway.reconcile(
-                key[0],
-                key[1],
-                messages=messages,
-                size=None,
+            readings = self.depth_sources.readings(
+                key,
+                queue_type(_arguments(item), item.get("type")),
+                totals=item.get("messages"),
+                stats=stats.get(key),
                 seen_version=seen_version,
-                settle=settle,
+                initial=initial,
             )
-            stat = stats.get(key)
-            if stat is not None and stat[0] == messages:
+            for reading in readings:
                 gateway.reconcile(
                     key[0],
                     key[1],
-                    messages=messages,
-                    size=stat[1],
+                    messages=reading.messages,
+                    size=reading.size,
                     seen_version=seen_version,
-                    settle=_STATS_SETTLE_S,
+                    settle=reading.settle,
                 )
-        for key in list(self._last_totals):
-            if key not in seen:
-                del self._last_totals[key]
+        self.depth_sources.keep_only(seen)
         for key, version in versions.items():
             if key not in seen and gateway.depth.version(key) == version:
                 gateway.queue_deleted(*key)

@@ -34,7 +34,7 @@ def test_size_above_overfull_emits_mst_1008() -> None:
     )
     assert (
         event.line()
-        == "[vh(vh)/ms(RabbitMQ)] MST-1008 : Store overfull, flow control will be enforced"
+        == "[vh(/vh)/ms(RabbitMQ)] MST-1008 : Store overfull, flow control will be enforced"
     )
     assert quota.overfull
 
