@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
@@ -128,8 +129,21 @@ def test_quorum_queue_without_consumer_stays_on_for_30_seconds(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "dead_lettering",
+    [
+        pytest.param({}, id="at-most-once"),
+        pytest.param(
+            {"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"},
+            id="at-least-once",
+        ),
+    ],
+)
 def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
-    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    dead_lettering: dict[str, str],
 ) -> None:
     source, target = unique_name("quorum-dl"), unique_name("quorum-dlx")
     cleanup_queues.extend([source, target])
@@ -139,6 +153,7 @@ def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
         source,
         {
             **QUORUM,
+            **dead_lettering,
             "x-delivery-limit": 1,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": target,
@@ -175,3 +190,62 @@ def test_delivery_limit_and_dead_letter_target_depths_are_tracked(
     got = [consumer.channel().basic_get(target, auto_ack=True)[2] for _ in range(5)]
     consumer.close()
     assert sorted(got) == [f"m{n}".encode() for n in range(5)]
+
+
+def test_reject_publish_overflow_is_subtracted_at_once_without_reconciliation(
+    gateway_factory: Callable[..., RunningGateway],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    gateway = gateway_factory(reconcile_interval=0)  # only what the gateway relays counts
+    queue = unique_name("quorum-reject")
+    cleanup_queues.append(queue)
+    # Flow control off, so every publish is answered at once.
+    _declare(
+        gateway,
+        queue,
+        {
+            **QUORUM,
+            "x-max-length": 10,
+            "x-overflow": "reject-publish",
+            "qpid.flow_stop_count": 0,
+            "qpid.flow_stop_size": 0,
+        },
+    )
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    refused = 0
+    for n in range(15):
+        try:
+            channel.basic_publish("", queue, b"%d" % n)
+        except pika.exceptions.NackError:
+            refused += 1
+    held = channel.queue_declare(queue, passive=True).method.message_count
+    connection.close()
+    # A quorum queue's limit is soft (it may take one past it): ask RabbitMQ.
+    assert refused >= 4
+    assert gateway.queue(queue)["messages"] == 15 - refused == held
+
+
+@pytest.mark.slow
+def test_drop_head_overflow_depth_is_reconciled(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    queue = unique_name("quorum-drop")
+    cleanup_queues.append(queue)
+    _declare(gateway, queue, {**QUORUM, "x-max-length": 10})  # drop-head: no thresholds
+    assert gateway.queue(queue)["source"] == "none"
+    connection = gateway.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    for n in range(15):
+        channel.basic_publish("", queue, b"%d" % n)
+    connection.close()
+    # RabbitMQ dropped the five oldest; the gateway learns it from the statistics.
+    assert wait_for(
+        lambda: gateway.queue(queue)["messages"] == 10,
+        timeout=60,
+        interval=0.5,
+        what="depth reconciled to the 10 RabbitMQ keeps",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import quote
 
 import pika
 import pika.exceptions
@@ -91,3 +92,18 @@ def test_stream_consumer_from_the_first_offset_reads_everything_through_the_gate
     consumer.cancel()
     connection.close()
     assert got == sent
+
+
+def test_runtime_thresholds_on_a_stream_are_refused_by_the_admin_api(
+    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    name = unique_name("stream-put")
+    cleanup_queues.append(name)
+    _declare_stream(gateway, name)
+    status, body = gateway.http(
+        "PUT", f"/api/queues/%2F/{quote(name)}/flow", {"flowStopCount": 100}
+    )
+    assert status == 400
+    assert "flowStopCount" in body["error"]
+    assert "stream" in body["error"]
+    assert gateway.queue(name)["source"] == "none"
