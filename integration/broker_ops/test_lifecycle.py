@@ -45,6 +45,9 @@ def _connect_outcome(port: int) -> str:
         connection = pika.BlockingConnection(parameters)
     except pika.exceptions.ConnectionClosedByBroker as exc:
         return f"{exc.reply_code} {exc.reply_text}"
+    except pika.exceptions.AMQPConnectionError as exc:
+        # A Connection.Close before Connection.Start: pika wraps it, text and all.
+        return str(exc)
     try:
         channel = connection.channel()
         channel.queue_declare("", exclusive=True)
@@ -84,9 +87,7 @@ async def test_listener_serves_within_a_second_when_the_management_api_never_ans
     finally:
         await service.stop()
 
-    assert outcome == "working" or (outcome.startswith("320 ") and "management API" in outcome), (
-        outcome
-    )
+    assert outcome == "working" or ("320" in outcome and "management API" in outcome), outcome
     assert reason is not None
     assert silent_management in reason
     assert statuses == [200, 503]
