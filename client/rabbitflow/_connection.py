@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,11 +16,14 @@ import tenacity
 from . import _system
 from ._consumer import MessageConsumer
 from ._consumer_flow import (
+    Ack,
     ConnectionFlow,
     ConsumerFlowStats,
     FlowAction,
+    ProbeQueue,
     SetPrefetch,
     StartConsuming,
+    StopConsuming,
 )
 from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
 from ._flow import GateEvent
@@ -190,6 +194,7 @@ class Connection:
         self._flow = ConnectionFlow(
             config.connection_flow_limit if config.connection_flow_limit_enabled else None
         )
+        self._flow_timer_at: float | None = None
         self.reconnect_count = 0
         self._recovery_thread: threading.Thread | None = None
         self._transport = self._new_transport()
@@ -227,7 +232,7 @@ class Connection:
         self._started = True
         with self._flow_lock:
             if not self._flow.active:
-                self._apply(self._flow.activate())
+                self._apply(self._flow.activate(now=self.clock()))
         for consumer in list(self._consumers.values()):
             consumer._wake()
 
@@ -365,7 +370,9 @@ class Connection:
     # ------------------------------------------------------ consumer flow
     def _apply(self, actions: list[FlowAction]) -> None:
         """Carry out flow actions on the I/O thread (call holding _flow_lock,
-        so actions reach the broker in the order they were decided)."""
+        so actions reach the broker in the order they were decided), and arm
+        the flow machine's timer when it asks for one."""
+        self._arm_flow_timer()
         if not actions:
             return
         targets = [(action, self._consumers.get(action.consumer)) for action in actions]
@@ -379,10 +386,36 @@ class Connection:
                     channel.qos_nowait(action.count)
                 elif isinstance(action, StartConsuming):
                     channel.basic_consume_nowait(consumer.queue_name)
-                else:
+                elif isinstance(action, StopConsuming):
+                    channel.basic_cancel_nowait()
+                elif isinstance(action, ProbeQueue):
+                    channel.queue_depth_nowait(
+                        consumer.queue_name, functools.partial(self._flow_depth, consumer.id)
+                    )
+                elif isinstance(action, Ack):
                     channel.ack(action.tag, multiple=True)
 
         self._transport.post(run)
+
+    def _arm_flow_timer(self) -> None:
+        """Schedule ``_flow_tick`` at the flow machine's ``wake_at`` (holding _flow_lock)."""
+        wake = self._flow.wake_at()
+        if wake is None or (self._flow_timer_at is not None and self._flow_timer_at <= wake):
+            return
+        self._flow_timer_at = wake
+        delay = max(wake - self.clock(), 0.0)
+        transport = self._transport
+        self._transport.post(lambda: transport.call_later(delay, self._flow_tick))
+
+    def _flow_tick(self) -> None:
+        with self._flow_lock:
+            self._flow_timer_at = None
+            self._apply(self._flow.tick(self.clock()))
+
+    def _flow_depth(self, consumer_id: int, depth: int) -> None:
+        with self._flow_lock:
+            if consumer_id in self._consumers:
+                self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, *, app_acks: bool) -> None:
         with self._flow_lock:
@@ -393,35 +426,36 @@ class Connection:
                     limit=self.config.consumer_flow_limit,
                     threshold_pct=self.config.consumer_flow_threshold,
                     app_acks=app_acks,
+                    now=self.clock(),
                 )
             )
 
     def _unregister_consumer(self, consumer: MessageConsumer) -> None:
         with self._flow_lock:
-            self._apply(self._flow.unregister(consumer.id))
+            self._apply(self._flow.unregister(consumer.id, now=self.clock()))
             self._consumers.pop(consumer.id, None)
 
     def _reset_consumer_flow(self, consumer: MessageConsumer) -> None:
         with self._flow_lock:
             if consumer.id in self._consumers:
-                self._apply(self._flow.reset(consumer.id))
+                self._apply(self._flow.reset(consumer.id, now=self.clock()))
 
     # A consumer closed meanwhile (e.g. while its listener ran) is ignored:
     # closing its channel returned its unacked messages to the queue.
     def _flow_delivered(self, consumer_id: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._flow.delivered(consumer_id)
+                self._flow.delivered(consumer_id, now=self.clock())
 
     def _flow_processed(self, consumer_id: int, tag: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._apply(self._flow.processed(consumer_id, tag))
+                self._apply(self._flow.processed(consumer_id, tag, now=self.clock()))
 
     def _flow_acknowledged(self, consumer_id: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._apply(self._flow.acknowledged(consumer_id))
+                self._apply(self._flow.acknowledged(consumer_id, now=self.clock()))
 
     def _flow_stats(self, consumer_id: int) -> ConsumerFlowStats:
         with self._flow_lock:

@@ -189,6 +189,7 @@ class TransportChannel:
         self._channel = channel
         self._handler = handler
         self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._consumer_tag: str | None = None
         self.closing = False
         self.closed = False
         channel.add_on_close_callback(self._on_closed)
@@ -412,7 +413,26 @@ class TransportChannel:
 
     def basic_consume_nowait(self, queue: str, *, exclusive: bool = False) -> None:
         """basic.consume from the I/O thread without waiting for consume-ok."""
-        self._channel.basic_consume(queue, self._on_message, auto_ack=False, exclusive=exclusive)
+        if not self.closed and self._channel.is_open:
+            self._consumer_tag = self._channel.basic_consume(
+                queue, self._on_message, auto_ack=False, exclusive=exclusive
+            )
+
+    def basic_cancel_nowait(self) -> None:
+        """basic.cancel of the consumer started by ``basic_consume_nowait`` (I/O
+        thread only).  Deliveries already on their way are rejected back to
+        the queue by pika."""
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is not None and not self.closed and self._channel.is_open:
+            self._channel.basic_cancel(tag)
+
+    def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
+        """Passive queue.declare; ``on_depth(message_count)`` runs on the I/O
+        thread when the answer comes (I/O thread only)."""
+        if not self.closed and self._channel.is_open:
+            self._channel.queue_declare(
+                queue, passive=True, callback=lambda frame: on_depth(frame.method.message_count)
+            )
 
     def basic_cancel(self, consumer_tag: str) -> None:
         """Stop a consumer.

@@ -124,6 +124,13 @@ class FakeChannel:
     def basic_consume_nowait(self, queue: str, **_kw: Any) -> None:
         self.calls.append(("consume", queue))
 
+    def basic_cancel_nowait(self) -> None:
+        self.calls.append(("cancel",))
+
+    def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
+        self.calls.append(("depth", queue))
+        on_depth(self.broker.queues.get(queue, {}).get("depth", 0))
+
     def qos_nowait(self, count: int) -> None:
         self.calls.append(("qos", count))
 
