@@ -197,16 +197,19 @@ class MessageProducer:
     def close(self) -> None:
         """Wait until every send is confirmed, then close (idempotent).
 
-        Waits at most ``max(qpid.flow_control_wait_failure, 10 s)``.
+        Waits at most ``qpid.flow_control_wait_failure`` (0: not at all).
 
         Raises:
-            JMSException: some sent messages could not be confirmed in time, or
-                the connection failed; the text says how many.
+            JMSException: some sent messages were not confirmed in time, or the
+                connection failed; the text says how many.  They may still be
+                enqueued: the broker may have taken them without its confirm
+                arriving in time.
         """
         with self._cond:
             if self._closed:
                 return
-            deadline = self._clock() + max(self._config.wait_failure_ms / 1000, 10.0)
+            wait_s = self._config.wait_failure_ms / 1000
+            deadline = self._clock() + wait_s
             while not self._window.idle and self._error is None:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
@@ -221,9 +224,10 @@ class MessageProducer:
         if self._channel is not None and not self._transacted:
             self._channel.close()
         if pending:
+            cause = f": {error}" if error else f" within {wait_s:g} s"
             raise JMSException(
-                f"{self.id}: {pending} sent message(s) were not confirmed by the broker"
-                + (f": {error}" if error else "")
+                f"{self.id}: {pending} sent message(s) not confirmed by the broker{cause}; "
+                "they may still be enqueued"
             )
 
     def __enter__(self) -> MessageProducer:

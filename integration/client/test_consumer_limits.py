@@ -183,4 +183,5 @@ def test_connection_limit_is_one_total_a_busy_consumer_may_fill(
     assert ledger.peak <= 60, f"{ledger.peak} delivered but unprocessed on the connection"
     assert stats.max_buffered == 60, "the busy consumer may use the whole connection limit"
     # Each batch comes once the buffer is down to 50 % of 60 and fills it to 60.
-    assert stats.grants and all(30 <= g <= 60 for g in stats.grants), stats.grants
+    assert stats.grants
+    assert all(30 <= g <= 60 for g in stats.grants), stats.grants
