@@ -21,6 +21,7 @@ from ._exceptions import (
     JMSException,
     MessageFormatError,
     ProtocolError,
+    TLSError,
     TransactionRolledBackError,
 )
 from ._log import LOGGER_NAME, json_formatter
@@ -64,6 +65,7 @@ __all__ = [
     "ProtocolError",
     "Queue",
     "Session",
+    "TLSError",
     "TextMessage",
     "Topic",
     "TransactionRolledBackError",

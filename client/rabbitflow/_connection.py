@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ from ._log import get_logger
 from ._producer import MessageProducer
 from ._properties import ClientConfig, default_url
 from ._session import AUTO_ACKNOWLEDGE, Session
+from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 
 __all__ = ["Connection", "ConnectionFactory", "ExceptionListener"]
@@ -48,16 +50,27 @@ class TransportFactory(Protocol):
     """Builds the transport of a connection (a fake one in unit tests)."""
 
     def __call__(
-        self, url: str, listener: TransportListener, *, heartbeat: int, name: str
+        self,
+        url: str,
+        listener: TransportListener,
+        *,
+        heartbeat: int,
+        name: str,
+        ssl_context: ssl.SSLContext | None,
     ) -> PikaTransport:
         """A transport that is not yet connected."""
         ...
 
 
 def _pika_transport(
-    url: str, listener: TransportListener, *, heartbeat: int, name: str
+    url: str,
+    listener: TransportListener,
+    *,
+    heartbeat: int,
+    name: str,
+    ssl_context: ssl.SSLContext | None,
 ) -> PikaTransport:
-    return PikaTransport(url, listener, heartbeat=heartbeat, name=name)
+    return PikaTransport(url, listener, heartbeat=heartbeat, name=name, ssl_context=ssl_context)
 
 
 def reconnect_strategy(
@@ -98,7 +111,10 @@ class ConnectionFactory:
     ``url`` defaults to ``$RABBITFLOW_URL``, else
     ``amqp://guest:guest@localhost:5672/%2F``.  ``properties`` override
     ``rabbitflow.system_properties``, which override ``RABBITFLOW_OPTS``,
-    which override the defaults.
+    which override the defaults.  An ``amqps://`` URL connects with TLS:
+    ``ssl_context`` when given, else a context built from the
+    ``rabbitflow.ssl.ca_file`` / ``cert_file`` / ``key_file`` properties
+    (the system's CAs when none is set).
     """
 
     def __init__(
@@ -106,6 +122,7 @@ class ConnectionFactory:
         url: str | None = None,
         *,
         properties: Mapping[str, Any] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         _transport_factory: TransportFactory | None = None,
         _sleep: Callable[[float], None] = time.sleep,
         _clock: Callable[[], float] = time.monotonic,
@@ -114,12 +131,15 @@ class ConnectionFactory:
         """Validate the configuration.
 
         Raises:
-            InvalidPropertyError: a property value is bad (the text names it).
+            InvalidPropertyError: a property value is bad, a CA, certificate or
+                key file cannot be loaded, or TLS settings come with an
+                ``amqp://`` URL (the text names the item).
         """
         self.url = url or default_url()
         self.config = ClientConfig.resolve(
             _system.environment_properties(), _system.explicit_system_properties(), properties
         )
+        self.ssl_context = tls_context(self.url, self.config, ssl_context)
         # Test seams: a fake transport, clock, sleep (recovery) and condition wait.
         self._transport_factory = _transport_factory or _pika_transport
         self._sleep = _sleep
@@ -132,6 +152,7 @@ class ConnectionFactory:
         Raises:
             ConnectionLostError: the broker cannot be reached.
             BrokerError: authentication or access refused, bad URL.
+            TLSError: the broker's TLS certificate is not trusted.
         """
         return Connection(
             self.url,
@@ -140,6 +161,7 @@ class ConnectionFactory:
             self._sleep,
             clock=self._clock,
             wait=self._wait,
+            ssl_context=self.ssl_context,
         )
 
     def __repr__(self) -> str:
@@ -173,8 +195,10 @@ class Connection:
         *,
         clock: Callable[[], float] = time.monotonic,
         wait: Waiter | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl_context = ssl_context
         self.clock = clock
         self.wait = wait or _condition_wait
         self.config = config
@@ -202,7 +226,11 @@ class Connection:
 
     def _new_transport(self) -> PikaTransport:
         return self._transport_factory(
-            self.url, self, heartbeat=self.config.heartbeat_s, name=self._name
+            self.url,
+            self,
+            heartbeat=self.config.heartbeat_s,
+            name=self._name,
+            ssl_context=self._ssl_context,
         )
 
     # ------------------------------------------------------------- public

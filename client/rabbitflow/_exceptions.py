@@ -4,6 +4,9 @@ Branches follow what the caller can do about the failure::
 
     JMSException                      every error raised by rabbitflow
     ├── ConnectionLostError           recovery gave up; make a new connection
+    ├── TLSError                      the TLS handshake failed (broker certificate
+    │                                 not trusted, client certificate refused):
+    │                                 fix the CA / certificate settings
     ├── FlowControlTimeoutError       send() waited too long under flow control;
     │                                 the message was not sent, retry later
     ├── BrokerError                   the broker refused an operation
@@ -29,6 +32,7 @@ __all__ = [
     "JMSException",
     "MessageFormatError",
     "ProtocolError",
+    "TLSError",
     "TransactionRolledBackError",
 ]
 
@@ -39,6 +43,11 @@ class JMSException(Exception):
 
 class ConnectionLostError(JMSException):
     """The connection to the broker was lost and recovery gave up."""
+
+
+class TLSError(JMSException):
+    """The TLS handshake with the broker failed; the text says why (e.g.
+    "TLS certificate verification failed: ...").  Retrying will not help."""
 
 
 class FlowControlTimeoutError(JMSException):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from ._exceptions import (
     InvalidDestinationError,
     JMSException,
     ProtocolError,
+    TLSError,
 )
 from ._message import WireProperties
 
@@ -92,10 +94,41 @@ class TransportListener(Protocol):
         """The connection died without close() being called."""
 
 
+def _tls_failure(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind ``exc`` (pika wraps it in its own), if any."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLError):
+            return current
+        pending += [a for a in current.args if isinstance(a, BaseException)]
+        # pika's connection workflow keeps each attempt's error in a list, and
+        # each phase error its cause in ``exception``.
+        pending += [a for a in getattr(current, "exceptions", None) or () if a is not None]
+        inner = getattr(current, "exception", None)
+        if isinstance(inner, BaseException):
+            pending.append(inner)
+        pending += [a for a in (current.__cause__, current.__context__) if a is not None]
+    return None
+
+
 def translate_error(exc: BaseException) -> JMSException:
     """The rabbitflow exception for a pika exception (most specific first)."""
     if isinstance(exc, JMSException):
         return exc
+    tls = _tls_failure(exc)
+    if isinstance(tls, ssl.SSLCertVerificationError):
+        return TLSError(
+            f"TLS certificate verification failed: {tls.verify_message or tls} "
+            "(the broker's certificate is not signed by a CA this client trusts: "
+            "see rabbitflow.ssl.ca_file or ssl_context)"
+        )
+    if tls is not None:
+        return TLSError(f"TLS handshake failed: {tls}")
     if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         code, text = exc.reply_code, exc.reply_text
         if code == _NOT_FOUND:
@@ -190,6 +223,8 @@ class TransportChannel:
         self._handler = handler
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._consumer_tag: str | None = None
+        self._qos_pending = 0  # basic.qos sent, qos-ok not yet received
+        self._held_acks: list[tuple[int, bool]] = []  # acks waiting for those qos-oks
         self.closing = False
         self.closed = False
         channel.add_on_close_callback(self._on_closed)
@@ -491,8 +526,16 @@ class TransportChannel:
             raise translate_error(exc) from exc
 
     def ack(self, tag: int, *, multiple: bool) -> None:
-        """basic.ack (I/O thread only; ignored on a closed channel)."""
-        if not self.closed and self._channel.is_open:
+        """basic.ack (I/O thread only; ignored on a closed channel).
+
+        Sent only after every basic.qos sent before it is confirmed: pika
+        holds a second qos until the first one's qos-ok but sends acks at
+        once, so an ack could otherwise reach the broker before a lower
+        prefetch count and let it deliver more than the count allows.
+        """
+        if self._qos_pending:
+            self._held_acks.append((tag, multiple))
+        elif not self.closed and self._channel.is_open:
             self._channel.basic_ack(tag, multiple=multiple)
 
     def reject(self, tag: int, *, requeue: bool) -> None:
@@ -501,9 +544,21 @@ class TransportChannel:
             self._channel.basic_reject(tag, requeue=requeue)
 
     def qos_nowait(self, prefetch_count: int) -> None:
-        """basic.qos global=true without waiting (I/O thread only)."""
+        """basic.qos global=true without waiting (I/O thread only); acks sent
+        after it wait for its qos-ok (see ``ack``)."""
         if not self.closed and self._channel.is_open:
-            self._channel.basic_qos(prefetch_count=prefetch_count, global_qos=True)
+            self._qos_pending += 1
+            self._channel.basic_qos(
+                prefetch_count=prefetch_count, global_qos=True, callback=self._on_qos_ok
+            )
+
+    def _on_qos_ok(self, _frame: Any) -> None:
+        self._qos_pending -= 1
+        if self._qos_pending:
+            return
+        held, self._held_acks = self._held_acks, []
+        for tag, multiple in held:
+            self.ack(tag, multiple=multiple)
 
 
 class PikaTransport:
@@ -517,11 +572,17 @@ class PikaTransport:
         heartbeat: int = 30,
         connect_timeout: float = 10.0,
         name: str = "rabbitflow",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         try:
             params = pika.URLParameters(url)
         except (ValueError, TypeError) as exc:
             raise BrokerError(f"bad broker URL {url!r}: {exc}") from exc
+        if params.ssl_options is not None:
+            # The host name is needed to verify the broker's certificate.
+            params.ssl_options = pika.SSLOptions(
+                ssl_context or ssl.create_default_context(), server_hostname=params.host
+            )
         params.heartbeat = heartbeat
         params.blocked_connection_timeout = None
         params.connection_attempts = 1
