@@ -21,6 +21,7 @@ from ._exceptions import (
     JMSException,
     MessageFormatError,
     ProtocolError,
+    StaleMessageError,
     TLSError,
     TransactionRolledBackError,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "ProtocolError",
     "Queue",
     "Session",
+    "StaleMessageError",
     "TLSError",
     "TextMessage",
     "Topic",

@@ -4,7 +4,6 @@ connection-wide events (blocked / lost) and consumer flow accounting."""
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import ssl
 import threading
@@ -31,6 +30,7 @@ from ._flow import GateEvent
 from ._log import get_logger
 from ._producer import MessageProducer
 from ._properties import ClientConfig, default_url
+from ._recovery import Link, LinkEvent, LinkMachine
 from ._session import AUTO_ACKNOWLEDGE, Session
 from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
@@ -98,11 +98,25 @@ def reconnect_strategy(
     )
 
 
-class _State(enum.Enum):
-    OPEN = "open"
-    RECOVERING = "recovering"
-    FAILED = "failed"
-    CLOSED = "closed"
+class _TransportEvents:
+    """The listener of one transport: tags its events with the transport's
+    generation, so events of a transport that was replaced are ignored."""
+
+    def __init__(self, connection: Connection, generation: int) -> None:
+        self._connection = connection
+        self._generation = generation
+
+    def on_blocked(self, reason: str) -> None:
+        """connection.blocked."""
+        self._connection._on_blocked(self._generation, reason)
+
+    def on_unblocked(self) -> None:
+        """connection.unblocked."""
+        self._connection._on_unblocked(self._generation)
+
+    def on_lost(self, error: ConnectionLostError) -> None:
+        """The transport died."""
+        self._connection._on_lost(self._generation, error)
 
 
 class ConnectionFactory:
@@ -206,7 +220,9 @@ class Connection:
         self._sleep = sleep
         self._name = f"rabbitflow-{next(self._names)}"
         self._cond = threading.Condition(threading.RLock())
-        self._state = _State.OPEN
+        self._link = LinkMachine()
+        self._generation = 0  # of the newest transport
+        self._current = 0  # generation of self._transport
         self._error: JMSException | None = None
         self._started = False
         self._listener: ExceptionListener | None = None
@@ -221,17 +237,19 @@ class Connection:
         self._flow_timer_at: float | None = None
         self.reconnect_count = 0
         self._recovery_thread: threading.Thread | None = None
-        self._transport = self._new_transport()
+        self._transport, self._current = self._new_transport()
         self._transport.connect()
 
-    def _new_transport(self) -> PikaTransport:
-        return self._transport_factory(
+    def _new_transport(self) -> tuple[PikaTransport, int]:
+        self._generation += 1
+        transport = self._transport_factory(
             self.url,
-            self,
+            _TransportEvents(self, self._generation),
             heartbeat=self.config.heartbeat_s,
             name=self._name,
             ssl_context=self._ssl_context,
         )
+        return transport, self._generation
 
     # ------------------------------------------------------------- public
     @property
@@ -307,7 +325,7 @@ class Connection:
                 connection is closed anyway).
         """
         with self._cond:
-            if self._state is _State.CLOSED:
+            if self._link.state is Link.CLOSED:
                 return
             sessions = list(self._sessions)
         errors: list[JMSException] = []
@@ -317,7 +335,7 @@ class Connection:
             except JMSException as exc:
                 errors.append(exc)
         with self._cond:
-            self._state = _State.CLOSED
+            self._link.handle(LinkEvent.CLOSE)
             self._cond.notify_all()
         self._transport.close()
         if errors:
@@ -330,11 +348,11 @@ class Connection:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Connection {self._name} {self._state.value} started={self._started}>"
+        return f"<Connection {self._name} {self._link.state.value} started={self._started}>"
 
     # -------------------------------------------------- used by the layers
     def _check_not_closed(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._link.state is Link.CLOSED:
             raise IllegalStateError("connection is closed")
 
     def _wait_usable(self) -> None:
@@ -344,22 +362,22 @@ class Connection:
             IllegalStateError: closed.
             ConnectionLostError: recovery gave up.
         """
-        state = self._state
-        if state is _State.OPEN:
+        if self._link.usable:
             return  # the common case, without the lock
         with self._cond:
             while True:
-                if self._state is _State.OPEN:
+                state = self._link.state
+                if state is Link.OPEN:
                     return
-                if self._state is _State.CLOSED:
+                if state is Link.CLOSED:
                     raise IllegalStateError("connection is closed")
-                if self._state is _State.FAILED:
+                if state is Link.FAILED:
                     assert self._error is not None
                     raise self._error
                 self._cond.wait(0.5)
 
     def _recovering_or_lost(self) -> bool:
-        return self._state is _State.RECOVERING or self._transport.lost
+        return self._link.recovering or self._transport.lost
 
     def _open_channel(self, handler: ChannelHandler) -> TransportChannel:
         return self._transport.open_channel(handler)
@@ -509,39 +527,59 @@ class Connection:
         consumer._attach(channel)
         self._reset_consumer_flow(consumer)
 
-    # --------------------------------------------- TransportListener (I/O)
-    def on_blocked(self, reason: str) -> None:
+    # ----------------------------------------- transport events (I/O thread)
+    def _on_blocked(self, generation: int, reason: str) -> None:
         """connection.blocked: every producer waits."""
         with self._cond:
+            if generation != self._current:
+                return
             self._blocked = reason
             producers = list(self._producers)
         for producer in producers:
             producer._gate(GateEvent.BLOCKED, reason)
 
-    def on_unblocked(self) -> None:
+    def _on_unblocked(self, generation: int) -> None:
         """connection.unblocked: producers resume."""
         with self._cond:
+            if generation != self._current:
+                return
             self._blocked = None
             producers = list(self._producers)
         for producer in producers:
             producer._gate(GateEvent.UNBLOCKED)
 
-    def on_lost(self, error: ConnectionLostError) -> None:
-        """The connection died: start recovery on its own thread."""
+    def _on_lost(self, generation: int, error: ConnectionLostError) -> None:
+        """The current transport died (also during recovery): every producer and
+        consumer is disconnected at once; recovery starts or tries again."""
         with self._cond:
-            if self._state is not _State.OPEN:
-                return
-            self._state = _State.RECOVERING
+            if generation != self._current:
+                return  # a transport already replaced (or a failed attempt's)
+            step = self._link.handle(LinkEvent.LOST)
+            self._cond.notify_all()
+        if step.detach:
+            self._detach_all()
+        if step.start_recovery:
+            _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            self._recovery_thread = threading.Thread(
+                target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
+            )
+            self._recovery_thread.start()
+        elif step.detach:
+            _log.warning(
+                "Connection lost again during recovery", error=str(error), connection=self._name
+            )
+
+    def _detach_all(self) -> None:
+        """Put every producer and consumer back into "disconnected": producers
+        re-queue what is unconfirmed, consumers drop what their channel buffered."""
+        with self._cond:
             self._blocked = None
             producers = list(self._producers)
-            self._cond.notify_all()
-        _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            consumers = list(self._consumers.values())
         for producer in producers:
-            producer._gate(GateEvent.CONNECTION_LOST)
-        self._recovery_thread = threading.Thread(
-            target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
-        )
-        self._recovery_thread.start()
+            producer._lost()
+        for consumer in consumers:
+            consumer._lost()
 
     # ------------------------------------------------------------ recovery
     def _recover(self, error: ConnectionLostError) -> None:
@@ -553,34 +591,54 @@ class Connection:
             for attempt in reconnect_strategy(self.config, sleep=self._sleep):
                 with attempt:
                     attempts += 1
-                    if self._state is _State.CLOSED:
+                    if self._link.closed:
                         return
                     self._reconnect_once()
         except JMSException as exc:
             self._give_up(exc, attempts)
             return
         with self._cond:
-            closed = self._state is _State.CLOSED
-            if self._state is _State.RECOVERING:
-                self._state = _State.OPEN
+            if self._link.closed:
+                return
             self.reconnect_count += 1
             self._cond.notify_all()
-        if closed:  # close() ran while we reconnected
-            self._transport.close()
-            return
         _log.info("Connection recovered", connection=self._name, attempts=attempts)
 
     def _reconnect_once(self) -> None:
-        transport = self._new_transport()
+        """One attempt: open a transport, restore every session on it.
+
+        Raises:
+            JMSException: the attempt failed (every producer and consumer is
+                disconnected again; the retry policy decides what follows).
+        """
+        with self._cond:
+            if self._link.closed:
+                return
+            self._link.handle(LinkEvent.ATTEMPT)
+        transport, generation = self._new_transport()
         try:
             transport.connect()
-            self._transport = transport
             with self._cond:
+                link = self._link  # (re-read: close() may have run meanwhile)
+                if link.closed:
+                    transport.close()
+                    return
+                self._transport, self._current = transport, generation
+                self._link.handle(LinkEvent.CONNECTED)
                 sessions = list(self._sessions)
             for session in sessions:
                 session._restore(transport)
+            with self._cond:
+                step = self._link.handle(LinkEvent.RESTORED)
+                self._cond.notify_all()
+            if step.new is not Link.OPEN:
+                raise ConnectionLostError("the connection was lost again while it was restored")
         except JMSException:
             transport.close()
+            with self._cond:
+                step = self._link.handle(LinkEvent.ATTEMPT_FAILED)
+            if step.detach:
+                self._detach_all()
             raise
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
@@ -590,9 +648,9 @@ class Connection:
         )
         error.__cause__ = cause
         with self._cond:
-            if self._state is _State.CLOSED:
+            if self._link.state is Link.CLOSED:
                 return
-            self._state = _State.FAILED
+            self._link.handle(LinkEvent.GIVE_UP)
             self._error = error
             producers = list(self._producers)
             consumers = list(self._consumers.values())

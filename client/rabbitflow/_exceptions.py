@@ -15,6 +15,8 @@ Branches follow what the caller can do about the failure::
     │   ├── InvalidDestinationError   no such queue / exchange, or wrong type
     │   └── TransactionRolledBackError  commit could not complete
     ├── IllegalStateError             the object is closed or in the wrong mode
+    │   └── StaleMessageError         acknowledge() of a message whose channel
+    │                                 was lost: the broker delivers it again
     ├── MessageFormatError            a body or header of the wrong type
     └── InvalidPropertyError          (also ValueError) a bad configuration
                                       property or argument; names the item
@@ -32,6 +34,7 @@ __all__ = [
     "JMSException",
     "MessageFormatError",
     "ProtocolError",
+    "StaleMessageError",
     "TLSError",
     "TransactionRolledBackError",
 ]
@@ -79,6 +82,12 @@ class TransactionRolledBackError(BrokerError):
 
 class IllegalStateError(JMSException):
     """The object is closed, or the call does not fit its mode."""
+
+
+class StaleMessageError(IllegalStateError):
+    """``acknowledge()`` of a message delivered on a channel that was lost since
+    (connection recovery).  It was not acknowledged: the broker delivers it
+    again (``redelivered`` set), so process it idempotently."""
 
 
 class MessageFormatError(JMSException):

@@ -31,6 +31,7 @@ def test_public_names_are_pinned() -> None:
             "ProtocolError",
             "Queue",
             "Session",
+            "StaleMessageError",
             "TLSError",
             "TextMessage",
             "Topic",
