@@ -356,9 +356,14 @@ class MessageProducer:
             publishes = self._window.take(now)
             due = self._window.resend_due()
         try:
-            for p in publishes:
-                out = p.item
-                channel.publish(out.exchange, out.routing_key, out.body, out.props, False)
+            if publishes:
+                channel.publish_many(
+                    [
+                        (p.item.exchange, p.item.routing_key, p.item.body, p.item.props)
+                        for p in publishes
+                    ],
+                    False,
+                )
         except JMSException:
             return  # the channel/connection is going away; recovery re-sends
         if self._transacted and publishes:
@@ -415,6 +420,20 @@ class MessageProducer:
         self._log_notices(notices)
         if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
             self._session.connection._post(self._pump)
+
+    def _lost(self) -> None:
+        """The connection (or a recovery attempt) was lost: leave its channel;
+        everything unconfirmed is re-sent in order, with fresh confirm tags, on
+        the next channel."""
+        with self._cond:
+            old, self._channel = self._channel, None
+            if self._window.gate.state is Gate.CLOSED:
+                return
+            notices = self._window.handle(GateEvent.CONNECTION_LOST)
+            self._cond.notify_all()
+        if old is not None:
+            old.detach()  # a late confirm of the dead channel must not count
+        self._log_notices(notices)
 
     def _attach(self, channel: TransportChannel) -> None:
         """Use ``channel`` (fresh, or after a reconnection) and publish what is queued."""
