@@ -24,7 +24,8 @@ from typing import Any, cast
 
 import structlog
 
-from rabbitflow_broker.engine import PAUSE_BYTES, PAUSE_MESSAGES, Actions, Engine, EngineSettings
+from rabbitflow_broker.engine import Actions, Engine, EngineSettings
+from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.gateway import BlockedChannel, Gateway
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
@@ -60,16 +61,15 @@ class Relay(asyncio.Protocol):
         self._ssl = upstream_ssl
         self._server_hostname = upstream_server_hostname
         self.number = gateway.next_connection_number()
-        timeout = gateway.config.flow_enforcement_timeout
-        handshake = gateway.config.handshake_timeout
-        self.engine = Engine(
-            gateway,
-            number=self.number,
-            settings=EngineSettings(
-                flow_enforcement_timeout=timeout / 1000 if timeout else None,
-                handshake_timeout=handshake / 1000 if handshake else None,
-            ),
+        timeout, handshake = (
+            gateway.config.flow_enforcement_timeout,
+            gateway.config.handshake_timeout,
         )
+        settings = EngineSettings(
+            flow_enforcement_timeout=timeout / 1000 if timeout else None,
+            handshake_timeout=float(handshake) if handshake else None,
+        )
+        self.engine = Engine(gateway, number=self.number, settings=settings)
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
@@ -117,13 +117,16 @@ class Relay(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         """The client reads slower than RabbitMQ delivers: stop reading upstream."""
-        if self._upstream is not None and not self._upstream.is_closing():
-            self._upstream.pause_reading()
+        self._set_upstream_reading(False)
 
     def resume_writing(self) -> None:
         """The client caught up."""
-        if self._upstream is not None and not self._upstream.is_closing():
-            self._upstream.resume_reading()
+        self._set_upstream_reading(True)
+
+    def _set_upstream_reading(self, reading: bool) -> None:
+        upstream = self._upstream
+        if upstream is not None and not upstream.is_closing():
+            upstream.resume_reading() if reading else upstream.pause_reading()
 
     # -- upstream socket -----------------------------------------------------------
 
