@@ -218,8 +218,8 @@ class Engine:
     def _begin(self, now: float) -> None:
         self.now = now
         acts = self._acts = Actions()
-        self._up = Out(acts.to_upstream)
-        self._down = Out(acts.to_client)
+        self._up.collect(acts.to_upstream)
+        self._down.collect(acts.to_client)
 
     def _finish(self) -> Actions:
         self._up.flush()
@@ -242,7 +242,7 @@ class Engine:
         return timeout is not None and self._started is not None and now >= self._started + timeout
 
     def _next_timer(self) -> float | None:
-        if self._closed:
+        if self._closed or (self._open and not self._flow_paused and self._closing_at is None):
             return None
         if self._closing_at is not None:
             return self._closing_at
@@ -308,8 +308,8 @@ class Engine:
         if self._passthrough:
             self._up.add(bytes(buf[pos:]))
             pos = len(buf)
-        self._up.flush()  # before the buffer it points into is compacted
         if buf is pending:
+            self._up.flush()  # before the buffer it points into is compacted
             del pending[:pos]
         else:
             pending += buf[pos:]

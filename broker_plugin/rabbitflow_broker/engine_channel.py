@@ -332,6 +332,12 @@ class Channel:
             return True
         tag, multiple, _requeue = _ack_fields(method, payload)
         hub, vhost = self.conn.hub, self.conn.vhost
+        if (
+            method == amqp.BASIC_ACK
+            and not multiple
+            and tracker.ack_one(tag, self.conn.route_blocked)
+        ):
+            return True
         if method == amqp.BASIC_ACK:
             confirms, held = tracker.upstream_ack(tag, multiple, self.conn.route_blocked)
             # A held confirm flows the channel that published it too.

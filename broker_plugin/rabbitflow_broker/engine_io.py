@@ -81,6 +81,11 @@ class Out:
         self.buf: bytes | bytearray | None = None
         self.start = self.end = 0
 
+    def collect(self, parts: list[bytes]) -> None:
+        """Collect into ``parts`` from now on (a new call into the engine)."""
+        self.parts = parts
+        self.buf = None
+
     def keep(self, buf: bytes | bytearray, start: int, end: int) -> None:
         if self.buf is buf and self.end == start:
             self.end = end

@@ -73,8 +73,8 @@ class FromUpstream:
         else:
             buf = data
         pos = self._scan(buf, down, up)
-        down.flush()  # before the buffer it points into is compacted
         if buf is pending:
+            down.flush()  # before the buffer it points into is compacted
             del pending[:pos]
         else:
             pending += buf[pos:]
@@ -103,6 +103,21 @@ class FromUpstream:
             if buf[end - 1] != 0xCE:
                 raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
             channel = channels.get(number) if number else None
+            if (
+                size == 13  # a single publisher confirm, the commonest frame under load
+                and channel is not None
+                and kind == _METHOD
+                and buf[end - 2] == 0
+                and _U32.unpack_from(buf, pos + 7)[0] == amqp.BASIC_ACK
+                and channel.confirm is not None
+                and number not in closing
+                and channel.confirm.ack_one(
+                    _U64.unpack_from(buf, pos + 11)[0], self.conn.route_blocked
+                )
+            ):
+                down.keep(buf, pos, end)
+                pos = end
+                continue
             if (
                 kind == _METHOD
                 and channel is not None

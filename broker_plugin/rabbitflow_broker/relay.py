@@ -74,6 +74,7 @@ class Relay(asyncio.Protocol):
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # what _timer is set for
         self._refresh_scheduled = False
         self._closing = False
         self._lost: set[str] = set()
@@ -187,20 +188,19 @@ class Relay(asyncio.Protocol):
         if actions.close:
             self.abort()
             return
-        if actions.read_client:
-            self._resume("engine")
-        else:
-            self._pause("engine")
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if actions.timer is not None:
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, actions.timer - self._now())
-            self._timer = loop.call_later(delay, self._tick)
+        if actions.read_client != ("engine" not in self._paused):
+            (self._resume if actions.read_client else self._pause)("engine")
+        if actions.timer != self._deadline:
+            self._deadline = actions.timer
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if actions.timer is not None:
+                delay = max(0.0, actions.timer - self._now())
+                self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
 
     def _tick(self) -> None:
-        self._timer = None
+        self._timer = self._deadline = None
         if not self._closing:
             self._perform(self.engine.tick(self._now()))
 
