@@ -25,7 +25,7 @@ receives.  The gateway's own limits close the connection itself
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Final
 
 from rabbitflow_broker import amqp
@@ -43,7 +43,6 @@ from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Inbound, O
 from rabbitflow_broker.engine_upstream import FromUpstream
 from rabbitflow_broker.events import ConnectionClosed, Event
 from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, UNEXPECTED_FRAME, FrameError
-from rabbitflow_broker.gateway import BlockedChannel
 
 __all__ = [
     "PAUSE_BYTES",
@@ -593,34 +592,6 @@ class Engine:
         if channel is not None and channel.ever_flowed:
             self.emit(channel.event_closed())
 
-    # -- views ---------------------------------------------------------------------
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-        for channel in self.channels.values():
-            if channel.blockers:
-                yield BlockedChannel(
-                    connection=self.number,
-                    channel=channel.number,
-                    user=self.user,
-                    remote=f"{self.remote_host}:{self.remote_port}",
-                    vhost=self.vhost,
-                    blocked_on=tuple(channel.blockers),
-                )
-
     def held_confirms(self) -> int:
         """Confirms and commit-oks currently held from the client."""
         return sum(channel.held for channel in self.channels.values())
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-        remote = f"{self.remote_host}:{self.remote_port}"
-        for channel in self.channels.values():
-            yield {
-                "connection": self.number,
-                "channel": channel.number,
-                "user": self.user,
-                "remote": remote,
-                "vhost": self.vhost,
-                **channel.describe(),
-            }

@@ -19,14 +19,15 @@ import asyncio
 import contextlib
 import errno
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 import structlog
 
 from rabbitflow_broker.engine import Actions, Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
-from rabbitflow_broker.gateway import BlockedChannel, Gateway
+from rabbitflow_broker.engine_io import EngineViews
+from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
@@ -43,7 +44,7 @@ _HARD_CLOSE_S = 1.0
 _TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
 
 
-class Relay(asyncio.Protocol):
+class Relay(EngineViews, asyncio.Protocol):
     """Relays one client connection: the protocol of the accepted client socket."""
 
     def __init__(
@@ -290,24 +291,6 @@ class Relay(asyncio.Protocol):
         """Return once both sockets are closed and the relay is unregistered."""
         if self._closed is not None:
             await asyncio.shield(self._closed)
-
-    # -- views (admin API) -------------------------------------------------------------
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-        return self.engine.blocked_channels()
-
-    def held_confirms(self) -> int:
-        """Confirms and commit-oks currently held from the client."""
-        return self.engine.held_confirms()
-
-    def channel_count(self) -> int:
-        """Open channels."""
-        return len(self.engine.channels)
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-        return self.engine.describe_channels()
 
 
 class _Upstream(asyncio.Protocol):
