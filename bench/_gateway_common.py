@@ -2,14 +2,16 @@
 
 API:
 
-``GatewayProcess(upstream, management_url, *, profile=None, event_loop="auto", source=None)``
+``GatewayProcess(upstream, management_url, *, profile=None, event_loop="auto", source=None,
+extra_args=())``
     ``rabbitflow-broker`` as a subprocess on free ports (``.url``,
     ``.admin_url``, ``.pid``); a context manager that stops it with SIGINT.
     With ``profile=PATH`` it runs under cProfile and writes the stats there;
     with ``source=TREE`` it imports the gateway from another checkout
     (``TREE/broker_plugin``, ``TREE/client`` and ``TREE/pipeline`` first on
     its ``PYTHONPATH``), so two versions can be compared in one run;
-    ``.imported_from`` is the ``rabbitflow_broker`` package it runs.
+    ``.imported_from`` is the ``rabbitflow_broker`` package it runs;
+    ``extra_args`` are appended to its command line; ``.log`` is its output.
 ``process_cpu_seconds(pid) -> float``
     utime + stime of a process so far, from ``/proc/<pid>/stat``.
 ``broker_pid(management_url, user, password) -> int``
@@ -78,6 +80,7 @@ class GatewayProcess:
         profile: str | None = None,
         event_loop: str = "auto",
         source: Path | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.admin_port = free_port()
@@ -99,6 +102,7 @@ class GatewayProcess:
             "json",
             "--event-loop",
             event_loop,
+            *extra_args,
         ]
         self._command = command
         self._env = dict(os.environ)
@@ -113,7 +117,7 @@ class GatewayProcess:
                 roots.append(self._env["PYTHONPATH"])
             self._env["PYTHONPATH"] = os.pathsep.join(roots)
         self._process: subprocess.Popen[bytes] | None = None
-        self._log = Path(os.environ.get("TMPDIR", "/tmp")) / f"rf-bench-gateway-{self.port}.log"
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"rf-bench-gateway-{self.port}.log"
         self.imported_from = self._imported_from()
 
     def _imported_from(self) -> str:
@@ -138,7 +142,7 @@ class GatewayProcess:
         return self._process.pid
 
     def __enter__(self) -> GatewayProcess:
-        with open(self._log, "wb") as log:
+        with open(self.log, "wb") as log:
             self._process = subprocess.Popen(
                 self._command, stdout=log, stderr=subprocess.STDOUT, env=self._env
             )
@@ -146,7 +150,7 @@ class GatewayProcess:
             wait_for_amqp("127.0.0.1", self.port, time.monotonic() + 60)
         except Exception as exc:
             self.__exit__()
-            tail = self._log.read_text(errors="replace")[-2000:]
+            tail = self.log.read_text(errors="replace")[-2000:]
             raise BenchError(f"gateway did not start: {exc}\n{tail}") from exc
         return self
 
