@@ -47,7 +47,7 @@ def gateway_process(broker: Broker) -> Iterator[GatewayProcess]:
     with GatewayProcess(
         broker.url,
         broker.management_url or "http://127.0.0.1:15672",
-        extra_args=["--handshake-timeout", f"{HANDSHAKE_TIMEOUT_S:g}"],
+        extra_args=["--handshake-timeout", str(int(HANDSHAKE_TIMEOUT_S * 1000))],  # ms
     ) as gateway:
         yield gateway
 
