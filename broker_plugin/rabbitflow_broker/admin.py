@@ -10,11 +10,28 @@ Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
   stops in force and the number of held confirms;
 * ``POST /api/producers/stop`` and ``/start`` with an optional JSON body
   ``{"vhost": ..., "queue": ...}`` (no body, ``{}`` or nulls: everything);
+* ``GET /api/ready``: 200 ``{"ready": true}`` once the gateway has its
+  first routing snapshot, else 503 with the reason clients are refused;
 * ``GET /metrics`` (Prometheus text, see :mod:`rabbitflow_broker.metrics`);
 * ``GET /`` the web console (``static/``).
 
 Errors are JSON ``{"error": "..."}`` with 400 (bad request, refused
-threshold), 401 (credentials) or 404 (unknown queue).
+threshold, malformed JSON), 401 (credentials), 403 (a request a browser
+could have been tricked into sending), 404 (unknown queue) or 429 (too
+many failed logins).
+
+What a web page cannot make a browser do (CSRF, DNS rebinding):
+
+* every request's ``Host`` must name the admin API itself: the address it
+  is bound to (or the local address the request came in on), ``localhost``
+  (``127.0.0.1``, ``::1``) or a name in ``--admin-allowed-hosts``; anything
+  else is 403;
+* a mutating request (POST, PUT, PATCH, DELETE) needs ``Content-Type:
+  application/json`` (a browser sends that cross-origin only after a CORS
+  preflight, which this API never grants) and, when it carries an
+  ``Origin``, one equal to ``http(s)://<Host>``;
+* more than :data:`LOGIN_FAILURES_ALLOWED` failed logins from one address
+  within :data:`LOGIN_WINDOW_S` seconds get 429 until the window has passed.
 
 Authentication (``--admin-auth``): ``none`` (only allowed on loopback;
 enforced by the configuration), ``users`` (HTTP basic against
@@ -28,6 +45,7 @@ gateway.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import hashlib
 import hmac
@@ -55,9 +73,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANONYMOUS",
+    "LOGIN_FAILURES_ALLOWED",
+    "LOGIN_WINDOW_S",
     "RABBITMQ_AUTH_TTL",
     "SERVICE_KEY",
     "Authenticator",
+    "LoginThrottle",
     "RabbitMQUsers",
     "StaticUsers",
     "authenticator_for",
@@ -71,11 +92,22 @@ SERVICE_KEY: web.AppKey[GatewayService] = web.AppKey("service")
 _AUTH_KEY: web.AppKey[Authenticator | None] = web.AppKey("authenticator")
 _REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("metrics")
 _USER_KEY: web.RequestKey[str] = web.RequestKey("user")
+_THROTTLE_KEY: web.AppKey[LoginThrottle] = web.AppKey("login-throttle")
+_HOSTS_KEY: web.AppKey[frozenset[str]] = web.AppKey("allowed-hosts")
 
 #: Who a mutating call is attributed to when no authentication is configured.
 ANONYMOUS = "anonymous (loopback)"
 #: Seconds a RabbitMQ answer about a user's credentials is reused.
 RABBITMQ_AUTH_TTL = 5.0
+#: Failed logins one address may make within :data:`LOGIN_WINDOW_S` before 429.
+LOGIN_FAILURES_ALLOWED = 10
+#: Seconds a failed login counts against its address.
+LOGIN_WINDOW_S = 60.0
+
+#: Seconds an admin request waits for RabbitMQ's management API before answering anyway.
+ADMIN_MANAGEMENT_TIMEOUT_S = 2.0
+
+_MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 _STATIC = Path(__file__).with_name("static")
 _REALM = 'Basic realm="rabbitflow-broker", charset="UTF-8"'
@@ -165,6 +197,50 @@ class RabbitMQUsers:
             self._session = None
 
 
+class LoginThrottle:
+    """Counts failed logins per address in a sliding window (pure; clock passed in).
+
+    ``allowed(peer, now)`` is False once ``limit`` failures of ``peer`` fall
+    within the last ``window`` seconds; it becomes True again as they age
+    out.  A good login does not reset the count: an attacker holding one
+    valid account must not earn more guesses at the others.
+    """
+
+    def __init__(
+        self, *, limit: int = LOGIN_FAILURES_ALLOWED, window: float = LOGIN_WINDOW_S
+    ) -> None:
+        self.limit = limit
+        self.window = window
+        self._failures: dict[str, list[float]] = {}
+
+    def _recent(self, peer: str, now: float) -> list[float]:
+        times = [t for t in self._failures.get(peer, ()) if t > now - self.window]
+        if times:
+            self._failures[peer] = times
+        else:
+            self._failures.pop(peer, None)
+        return times
+
+    def allowed(self, peer: str, now: float) -> bool:
+        """Whether ``peer`` may try to log in at ``now``."""
+        return len(self._recent(peer, now)) < self.limit
+
+    def retry_after(self, peer: str, now: float) -> float:
+        """Seconds until ``peer`` may try again (0 when it may now)."""
+        times = self._recent(peer, now)
+        if len(times) < self.limit:
+            return 0.0
+        return times[-self.limit] + self.window - now
+
+    def failed(self, peer: str, now: float) -> None:
+        """Record one failed login of ``peer``."""
+        self._failures[peer] = [*self._recent(peer, now), now]
+        # Forget idle addresses so a scan of many sources cannot grow the table forever.
+        if len(self._failures) > 10_000:
+            for stale in [p for p in self._failures if not self._recent(p, now)]:
+                del self._failures[stale]
+
+
 def authenticator_for(config: GatewayConfig) -> Authenticator | None:
     """The authenticator ``--admin-auth`` asks for; ``None`` for ``none``.
 
@@ -195,6 +271,62 @@ def _unauthorized(text: str) -> web.Response:
     return web.json_response({"error": text}, status=401, headers={"WWW-Authenticate": _REALM})
 
 
+def _forbidden(text: str) -> web.Response:
+    return web.json_response({"error": text}, status=403)
+
+
+def _host_name(authority: str) -> str:
+    """The host of a ``Host`` header or URL authority, lower-case, without port or brackets."""
+    host = authority.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host
+
+
+def _forgery(request: web.Request) -> str | None:
+    """Why this request may have been forged by a web page, or None."""
+    allowed = request.app[_HOSTS_KEY]
+    host_header = request.headers.get("Host", "")
+    host = _host_name(host_header)
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    local = str(sockname[0]).lower() if sockname else None
+    if not host or (host not in allowed and host != local):
+        return (
+            f"Host {host_header!r} is not this admin API (allowed: its listen address, "
+            "localhost, or a name given with --admin-allowed-hosts)"
+        )
+    if request.method not in _MUTATING:
+        return None
+    if request.content_type != "application/json":
+        return f"{request.method} needs Content-Type: application/json"
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.rstrip("/").lower() not in {
+        f"http://{host_header.lower()}",
+        f"https://{host_header.lower()}",
+    }:
+        return f"Origin {origin!r} is not this admin API (http://{host_header})"
+    return None
+
+
+@web.middleware
+async def _guard_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    reason = _forgery(request)
+    if reason is not None:
+        _log.warning(
+            "admin request refused",
+            method=request.method,
+            path=request.path,
+            peer=request.remote,
+            reason=reason,
+        )
+        return _forbidden(reason)
+    return await handler(request)
+
+
 @web.middleware
 async def _auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -203,10 +335,21 @@ async def _auth_middleware(
     if authenticator is None:
         request[_USER_KEY] = ANONYMOUS
         return await handler(request)
+    throttle = request.app[_THROTTLE_KEY]
+    peer = request.remote or "?"
+    now = time.monotonic()
+    if not throttle.allowed(peer, now):
+        wait = max(1, round(throttle.retry_after(peer, now)))
+        return web.json_response(
+            {"error": f"too many failed logins from {peer}; try again in {wait} s"},
+            status=429,
+            headers={"Retry-After": str(wait)},
+        )
     credentials = _credentials(request)
     if credentials is None:
         return _unauthorized("credentials required (HTTP basic)")
     if not await authenticator.check(*credentials):
+        throttle.failed(peer, now)
         _log.warning("admin credentials refused", user=credentials[0], peer=request.remote)
         return _unauthorized("wrong user or password")
     request[_USER_KEY] = credentials[0]
@@ -228,17 +371,81 @@ def _service(request: web.Request) -> GatewayService:
     return request.app[SERVICE_KEY]
 
 
+#: Deepest nesting of arrays/objects accepted in a request body (ours are flat).
+MAX_JSON_DEPTH = 32
+
+
+def _json_depth(raw: str) -> int:
+    """Deepest bracket nesting outside strings, in one linear pass."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _parse_json(raw: bytes) -> Any:
+    """A request body as JSON.
+
+    Raises:
+        ValueError: with a message for the client: not UTF-8, not JSON,
+            nested deeper than :data:`MAX_JSON_DEPTH`, or an integer with
+            more digits than Python converts (4,300).
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("body is not UTF-8") from None
+    if _json_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"body is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # int() refuses numbers of more than 4,300 digits with a ValueError.
+        raise ValueError(f"body is not acceptable JSON: {exc}") from None
+
+
 def _names(request: web.Request) -> tuple[str, str]:
     # aiohttp leaves %2F encoded inside a path segment; decode it ourselves.
     return unquote(request.match_info["vhost"]), unquote(request.match_info["name"])
 
 
+class _ManagementSilent(Exception):
+    """The management API did not answer within the admin API's patience."""
+
+
 async def _known(service: GatewayService, vhost: str, name: str) -> bool:
+    """Whether the queue exists; asks RabbitMQ about queues the gateway has not seen.
+
+    Raises:
+        _ManagementSilent: RabbitMQ did not answer in time.
+    """
     gateway = service.gateway
     if gateway.knows_queue(vhost, name):
         return True
     try:
-        item = await service.management.queue(vhost, name)
+        async with asyncio.timeout(ADMIN_MANAGEMENT_TIMEOUT_S):
+            item = await service.management.queue(vhost, name)
+    except TimeoutError:
+        raise _ManagementSilent(
+            f"queue {name!r} in vhost {vhost!r} is not known to the gateway and the "
+            f"management API did not answer within {ADMIN_MANAGEMENT_TIMEOUT_S:g} s"
+        ) from None
     except ManagementError:
         return False
     if item is None:
@@ -261,8 +468,11 @@ async def get_queue(request: web.Request) -> web.Response:
     """GET /api/queues/{vhost}/{name}"""
     service = _service(request)
     vhost, name = _names(request)
-    if not await _known(service, vhost, name):
-        return _error(404, f"queue {name!r} in vhost {vhost!r} not found")
+    try:
+        if not await _known(service, vhost, name):
+            return _error(404, f"queue {name!r} in vhost {vhost!r} not found")
+    except _ManagementSilent as exc:
+        return _error(503, str(exc))
     return web.json_response(service.gateway.snapshot(vhost, name).to_json())
 
 
@@ -271,13 +481,16 @@ async def put_flow(request: web.Request) -> web.Response:
     service = _service(request)
     vhost, name = _names(request)
     try:
-        body: Any = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _error(400, "body is not valid JSON")
+        body: Any = _parse_json(await request.read())
+    except ValueError as exc:
+        return _error(400, str(exc))
     if not isinstance(body, dict) or not body:
         return _error(400, "body must be a JSON object with at least one threshold")
-    if not await _known(service, vhost, name):
-        return _error(404, f"queue {name!r} in vhost {vhost!r} not found")
+    try:
+        if not await _known(service, vhost, name):
+            return _error(404, f"queue {name!r} in vhost {vhost!r} not found")
+    except _ManagementSilent as exc:
+        return _error(503, str(exc))
     try:
         thresholds = service.gateway.set_runtime_thresholds(vhost, name, body)
     except ThresholdError as exc:
@@ -291,14 +504,32 @@ async def put_flow(request: web.Request) -> web.Response:
         queue=name,
         **thresholds.to_json(),
     )
-    try:
-        await service.store.save((vhost, name), thresholds)
-    except PersistenceError as exc:
+    snapshot = service.gateway.snapshot(vhost, name).to_json()
+    warning = await _persist(service, service.store.save((vhost, name), thresholds))
+    if warning is not None:
         # Applied but not durable: say so rather than pretend.
-        snapshot = service.gateway.snapshot(vhost, name).to_json()
-        snapshot["warning"] = f"not persisted: {exc}"
-        return web.json_response(snapshot)
-    return web.json_response(service.gateway.snapshot(vhost, name).to_json())
+        snapshot["warning"] = warning
+    return web.json_response(snapshot)
+
+
+async def _persist(service: GatewayService, saving: Awaitable[None]) -> str | None:
+    """Wait a bounded time for a store write; a warning when it is not (yet) durable.
+
+    A store slower than :data:`ADMIN_MANAGEMENT_TIMEOUT_S` keeps writing in
+    the background; the answer does not wait for it.
+    """
+    task = asyncio.ensure_future(saving)
+    service.keep_running(task)
+    try:
+        await asyncio.wait_for(asyncio.shield(task), ADMIN_MANAGEMENT_TIMEOUT_S)
+    except TimeoutError:
+        return (
+            "not yet persisted: the store did not answer within "
+            f"{ADMIN_MANAGEMENT_TIMEOUT_S:g} s (still trying)"
+        )
+    except PersistenceError as exc:
+        return f"not persisted: {exc}"
+    return None
 
 
 async def list_channels(request: web.Request) -> web.Response:
@@ -319,9 +550,9 @@ async def _scope(request: web.Request) -> tuple[str | None, str | None]:
     if not raw.strip():
         return None, None
     try:
-        body: Any = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _bad_request("body is not valid JSON") from None
+        body: Any = _parse_json(raw)
+    except ValueError as exc:
+        raise _bad_request(str(exc)) from None
     if not isinstance(body, dict):
         raise _bad_request('body must be a JSON object {"vhost": ..., "queue": ...}')
     unknown = sorted(set(body) - {"vhost", "queue"})
@@ -356,9 +587,17 @@ async def _producers(request: web.Request, action: str) -> web.Response:
         vhost=vhost,
         queue=queue,
     )
-    return web.json_response(
-        {"action": action, "vhost": vhost, "queue": queue, "stops": gateway.admin_stops()}
-    )
+    service = _service(request)
+    answer: dict[str, Any] = {
+        "action": action,
+        "vhost": vhost,
+        "queue": queue,
+        "stops": gateway.admin_stops(),
+    }
+    warning = await _persist(service, service.store.save_stop((vhost, queue), action == "stop"))
+    if warning is not None:
+        answer["warning"] = warning
+    return web.json_response(answer)
 
 
 async def stop_producers(request: web.Request) -> web.Response:
@@ -381,6 +620,14 @@ async def get_store(request: web.Request) -> web.Response:
             "heldConfirms": gateway.held_confirms(),
         }
     )
+
+
+async def get_ready(request: web.Request) -> web.Response:
+    """GET /api/ready: 200 once the gateway serves clients, else 503 with the reason."""
+    reason = _service(request).gateway.ready_error
+    if reason is None:
+        return web.json_response({"ready": True})
+    return web.json_response({"ready": False, "reason": reason}, status=503)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -411,9 +658,20 @@ def create_app(
     """
     if authenticator is None:
         authenticator = authenticator_for(service.config)
-    app = web.Application(middlewares=[_auth_middleware])
+    app = web.Application(middlewares=[_guard_middleware, _auth_middleware])
     app[SERVICE_KEY] = service
     app[_AUTH_KEY] = authenticator
+    app[_THROTTLE_KEY] = LoginThrottle()
+    admin_host, _port = service.config.admin_address
+    app[_HOSTS_KEY] = frozenset(
+        {
+            "localhost",
+            "127.0.0.1",
+            "::1",
+            admin_host.lower(),
+            *service.config.admin_allowed_host_names,
+        }
+    )
     app[_REGISTRY_KEY] = metrics_registry(service.gateway)
     app.on_cleanup.append(_close_authenticator)
     app.router.add_get("/api/queues", list_queues)
@@ -423,6 +681,7 @@ def create_app(
     app.router.add_get("/api/store", get_store)
     app.router.add_post("/api/producers/stop", stop_producers)
     app.router.add_post("/api/producers/start", start_producers)
+    app.router.add_get("/api/ready", get_ready)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", console)
     app.router.add_static("/static/", _STATIC, follow_symlinks=False)

@@ -51,7 +51,7 @@ def configure_logging(log_format: str) -> None:
 
 
 async def serve(config: GatewayConfig) -> None:
-    """Run the gateway until SIGINT/SIGTERM.
+    """Run the gateway until SIGINT/SIGTERM; SIGHUP reloads the TLS certificates.
 
     Raises:
         OSError: a listen address cannot be bound.
@@ -62,6 +62,9 @@ async def serve(config: GatewayConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, AttributeError):
+        # Operators rotate certificates: SIGHUP reloads them, connections stay.
+        loop.add_signal_handler(signal.SIGHUP, service.reload_tls)
     await service.start()
     try:
         await stop.wait()

@@ -72,9 +72,23 @@ class GatewayConfig:
     #: ``none``, ``users`` or ``rabbitmq``; None resolves to ``users`` when
     #: ``admin_users`` is set, else ``none``.
     admin_auth: Literal["none", "users", "rabbitmq"] | None = None
+    #: Extra names the admin API answers to in ``Host`` (comma-separated).
+    admin_allowed_hosts: str | None = None
+    listen_backlog: int = 1024
+    #: Seconds SIGTERM waits for in-flight confirms before closing clients.
+    drain_timeout: int = 10
+    listen_tls: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    upstream_ca: str | None = None
 
     def __post_init__(self) -> None:
-        parse_host_port("listen", self.listen)
+        if self.listen.strip().lower() != "none":
+            parse_host_port("listen", self.listen)
+        elif not self.listen_tls:
+            raise ConfigError("--listen none: needs --listen-tls, or nothing would be served")
+        self._check_tls()
         admin_host, _ = parse_host_port("admin-listen", self.admin_listen)
         self._check_admin_auth(admin_host)
         for name in (
@@ -87,6 +101,8 @@ class GatewayConfig:
             "reconcile_interval",
             "routing_refresh_interval",
             "store_poll_interval",
+            "listen_backlog",
+            "drain_timeout",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -108,8 +124,10 @@ class GatewayConfig:
             )
         if urlsplit(self.upstream).scheme not in ("amqp", "amqps"):
             raise ConfigError(f"--upstream: expected an amqp:// URL, got {self.upstream!r}")
-        if urlsplit(self.upstream).scheme == "amqps":
-            raise ConfigError("--upstream: amqps:// is not supported yet")
+        if self.upstream_ca and urlsplit(self.upstream).scheme != "amqps":
+            raise ConfigError("--upstream-ca: only used with an amqps:// --upstream")
+        if self.listen_backlog < 1:
+            raise ConfigError("--listen-backlog: must be at least 1")
         if urlsplit(self.management_url).scheme not in ("http", "https"):
             raise ConfigError(
                 f"--management-url: expected an http(s):// URL, got {self.management_url!r}"
@@ -120,6 +138,18 @@ class GatewayConfig:
             raise ConfigError(
                 f"--event-loop: expected auto, asyncio or uvloop, got {self.event_loop!r}"
             )
+
+    def _check_tls(self) -> None:
+        if self.listen_tls:
+            parse_host_port("listen-tls", self.listen_tls)
+            if not self.tls_cert or not self.tls_key:
+                raise ConfigError("--listen-tls: needs --tls-cert PEM and --tls-key PEM")
+        elif self.tls_cert or self.tls_key or self.tls_client_ca:
+            raise ConfigError("--tls-cert/--tls-key/--tls-client-ca: only used with --listen-tls")
+        for option in ("tls_cert", "tls_key", "tls_client_ca", "upstream_ca"):
+            path = getattr(self, option)
+            if path and not os.path.isfile(path):
+                raise ConfigError(f"--{option.replace('_', '-')}: no such file {path!r}")
 
     def _check_admin_auth(self, admin_host: str) -> None:
         users = _parse_users(self.admin_users)  # validates the format
@@ -144,9 +174,30 @@ class GatewayConfig:
         return _parse_users(self.admin_users)
 
     @property
-    def listen_address(self) -> tuple[str, int]:
-        """``--listen`` as (host, port)."""
+    def listen_address(self) -> tuple[str, int] | None:
+        """``--listen`` as (host, port); None for ``--listen none``."""
+        if self.listen.strip().lower() == "none":
+            return None
         return parse_host_port("listen", self.listen)
+
+    @property
+    def listen_tls_address(self) -> tuple[str, int] | None:
+        """``--listen-tls`` as (host, port), or None."""
+        return parse_host_port("listen-tls", self.listen_tls) if self.listen_tls else None
+
+    @property
+    def upstream_tls(self) -> bool:
+        """Whether ``--upstream`` is an ``amqps://`` URL."""
+        return urlsplit(self.upstream).scheme == "amqps"
+
+    @property
+    def admin_allowed_host_names(self) -> frozenset[str]:
+        """``--admin-allowed-hosts`` as lower-case names."""
+        return frozenset(
+            name.strip().lower()
+            for name in (self.admin_allowed_hosts or "").split(",")
+            if name.strip()
+        )
 
     @property
     def admin_address(self) -> tuple[str, int]:
@@ -157,7 +208,7 @@ class GatewayConfig:
     def upstream_address(self) -> tuple[str, int]:
         """Host and port of ``--upstream``."""
         parts = urlsplit(self.upstream)
-        return parts.hostname or "localhost", parts.port or 5672
+        return parts.hostname or "localhost", parts.port or (5671 if self.upstream_tls else 5672)
 
     @property
     def management_credentials(self) -> tuple[str, str]:
@@ -222,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
     help_text = {
-        "listen": "AMQP address to serve (default 127.0.0.1:5673)",
+        "listen": "AMQP address to serve (default 127.0.0.1:5673; none: TLS only)",
         "upstream": "RabbitMQ AMQP URL (default amqp://localhost:5672)",
         "management_url": "RabbitMQ management API URL (default http://localhost:15672)",
         "admin_listen": "admin HTTP API address (default 127.0.0.1:15673)",
@@ -244,6 +295,16 @@ def build_parser() -> argparse.ArgumentParser:
         "admin_users": "admin API users as USER:PASS[,USER:PASS...] (HTTP basic)",
         "admin_auth": "admin API authentication: none, users or rabbitmq "
         "(default users when --admin-users is set, else none)",
+        "admin_allowed_hosts": "extra names the admin API answers to in the Host header, "
+        "comma-separated (besides its listen address and localhost)",
+        "listen_backlog": "queue of connections not yet accepted, per listener (1024)",
+        "drain_timeout": "seconds SIGTERM waits for in-flight confirms before closing "
+        "clients with 320 (10)",
+        "listen_tls": "AMQPS address to serve (HOST:PORT; needs --tls-cert and --tls-key)",
+        "tls_cert": "PEM certificate chain of --listen-tls (reloaded on SIGHUP)",
+        "tls_key": "PEM private key of --listen-tls (reloaded on SIGHUP)",
+        "tls_client_ca": "PEM CA bundle: require client certificates signed by it",
+        "upstream_ca": "PEM CA bundle to verify an amqps:// --upstream (default: system CAs)",
     }
     for name, text in help_text.items():
         flag = "--" + name.replace("_", "-")

@@ -474,8 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
     flow_options(sub)
     sub.set_defaults(run=_cmd_set_flow)
 
+    # The producer commands act on every vhost unless --vhost narrows them.
+    every_vhost = argparse.ArgumentParser(add_help=False)
+    every_vhost.add_argument(
+        "--vhost",
+        default=argparse.SUPPRESS,
+        help="only the producers of this virtual host (default: every vhost)",
+    )
     for name, text in (("stop-producers", "block"), ("start-producers", "unblock")):
-        sub = commands.add_parser(name, parents=[common], help=f"{text} producers")
+        sub = commands.add_parser(name, parents=[every_vhost], help=f"{text} producers")
         sub.add_argument("--queue", default=None, help="only the producers of this queue")
         sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
         sub.set_defaults(run=_cmd_producers)

@@ -1,12 +1,14 @@
 """``rabbitflow-demo``: the Qpid flow-control example, live.
 
 A queue with ``qpid.flow_stop_count=100`` and ``qpid.flow_resume_count=50``;
-two rabbitflow producers (capacities 50 and 15) sending as fast as they
-can; a slow consumer that starts once the queue is overfull.  The demo
-prints the depth and flow state every half second and each event as it
-happens, then a summary: the peak depth against the bound
-100 + 50 + 15 = 165, the events seen, how long each producer waited,
-messages sent and received, and an exactly-once / in-order check.
+two rabbitflow producers, A (capacity 50) and B (capacity 15), sending as
+fast as they can; a slow consumer that starts once the queue is overfull.
+The demo tells the story in phases that each fit on a screen: the queue
+filling up, the first stop/resume cycle line by line (depth, events, the
+producers' own log lines), then one line per further cycle.  It ends with
+a summary: the peak depth against the bound 100 + 50 + 15 = 165, the
+events seen, how long each producer waited, messages sent and received,
+and an exactly-once / in-order check.
 
 Without ``--gateway-url`` it finds RabbitMQ (``--rabbitmq-url``, default
 ``$RABBITMQ_URL``, else ``amqp://guest:guest@127.0.0.1:5672/%2F``), or
@@ -14,7 +16,9 @@ starts a throwaway node when none answers, and runs the gateway in-process
 on free ports; events then come straight from the gateway.  With
 ``--gateway-url URL --admin-url URL`` it uses an already-running gateway
 (docker-compose) and reports the flow transitions it observes through the
-admin API.  The queue is deleted at the end.  Exit status 0 when every
+admin API (credentials: ``--admin-user``/``--admin-password``, or in the
+URL; a refused login stops the demo with a message).  The queue is deleted
+at the end.  Exit status 0 when every
 check holds, 1 otherwise.
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -51,10 +56,10 @@ from rabbitflow_broker.rabbitmq_node import (
 )
 from rabbitflow_broker.service import EventSink, GatewayService
 
-__all__ = ["DemoOptions", "DemoResult", "main", "run"]
+__all__ = ["AdminRefused", "DemoOptions", "DemoResult", "main", "producer_label", "run"]
 
 STOP, RESUME = 100, 50
-CAPACITIES = {"a": 50, "b": 15}
+CAPACITIES = {"A": 50, "B": 15}
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 #: Longest the whole demo may run before it gives up and reports what it saw.
 DEADLINE_S = 120.0
@@ -72,6 +77,8 @@ class DemoOptions:
     admin_url: str | None = None
     rabbitmq_url: str | None = None
     management_url: str | None = None
+    admin_user: str | None = None
+    admin_password: str | None = None
     interval: float = 0.5
 
 
@@ -81,6 +88,8 @@ class ProducerStats:
 
     pid: str
     capacity: int
+    #: The SDK's own name for it (``producer-N``), seen in its log lines.
+    sdk_id: str = ""
     sent: int = 0
     waited_s: float = 0.0
     longest_wait_s: float = 0.0
@@ -109,6 +118,15 @@ class DemoResult:
         return not self.problems
 
 
+class AdminRefused(RuntimeError):
+    """The admin API refused the demo's credentials (HTTP 401/403)."""
+
+
+def producer_label(pid: str) -> str:
+    """How the demo names a producer everywhere: ``producer A (capacity 50)``."""
+    return f"producer {pid} (capacity {CAPACITIES[pid]})"
+
+
 class _Printer:
     """Serialises output lines from the demo's threads; stamps them with elapsed time."""
 
@@ -126,6 +144,79 @@ class _Printer:
             print(text, file=self._out, flush=True)
 
 
+class _Narrator:
+    """Tells the run in phases, each about a screen long.
+
+    Phase 1 (filling) and the first stop/resume cycle are shown line by
+    line; from the second cycle on, each cycle is one line (when the queue
+    went overfull and underfull again, its peak, how many channel blocks)
+    and the depth is shown every few seconds.
+    """
+
+    _QUIET_DEPTH_S = 3.0
+
+    def __init__(self, printer: _Printer) -> None:
+        self._printer = printer
+        self._lock = threading.Lock()
+        self._cycle = 0  # overfull transitions seen
+        self._cycle_started = 0.0
+        self._cycle_peak = 0
+        self._cycle_blocks = 0
+        self._quiet_depth_at = 0.0
+
+    @property
+    def detailed(self) -> bool:
+        """Still in the line-by-line phases (filling, first cycle)."""
+        return self._cycle <= 1
+
+    def event(self, code: str, line: str) -> None:
+        with self._lock:
+            if code == "QUE-1003":
+                self._cycle += 1
+                self._cycle_started = time.monotonic()
+                self._cycle_peak = 0
+                self._cycle_blocks = 0
+                if self._cycle == 1:
+                    self._printer.plain()
+                    self._printer.plain("Phase 2: the queue is overfull: producers are flowed")
+                elif self._cycle == 2:
+                    self._printer.plain()
+                    self._printer.plain(
+                        "Phase 3: flow stops and resumes as the consumer drains "
+                        "(one line per cycle)"
+                    )
+            elif code == "CHN-1005":
+                self._cycle_blocks += 1
+            if self.detailed:
+                self._printer.line(line)
+            elif code == "QUE-1004":
+                self._printer.line(
+                    f"cycle {self._cycle:2d}: overfull for "
+                    f"{time.monotonic() - self._cycle_started:4.1f} s, peak depth "
+                    f"{self._cycle_peak:3d}, {self._cycle_blocks} channel block(s), then "
+                    "underfull: producers resume"
+                )
+
+    def client(self, line: str) -> None:
+        with self._lock:
+            if self.detailed:
+                self._printer.line(line)
+
+    def observe(self, depth: int) -> None:
+        with self._lock:
+            self._cycle_peak = max(self._cycle_peak, depth)
+
+    def depth(self, line: str) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self.detailed or now >= self._quiet_depth_at:
+                self._quiet_depth_at = now + self._QUIET_DEPTH_S
+                self._printer.line(line)
+
+    def note(self, line: str) -> None:
+        self._printer.line(line)
+
+
 class _DemoSink(EventSink):
     """Counts and prints gateway events of the demo queue instead of logging them."""
 
@@ -140,14 +231,15 @@ class _DemoSink(EventSink):
 class _ClientLogHandler(logging.Handler):
     """Shows the SDK's flow-control log records as event lines."""
 
-    def __init__(self, printer: _Printer) -> None:
+    def __init__(self, narrator: _Narrator, names: Callable[[], dict[str, str]]) -> None:
         super().__init__(logging.INFO)
-        self._printer = printer
+        self._narrator = narrator
+        self._names = names
 
     def emit(self, record: logging.LogRecord) -> None:
         producer = getattr(record, "producer", None)
-        who = f"producer {producer}" if producer is not None else "client"
-        self._printer.line(f"[{who}] {record.levelname} {record.getMessage()}")
+        who = self._names().get(str(producer), f"producer {producer}") if producer else "client"
+        self._narrator.client(f"[{who}] {record.levelname} {record.getMessage()}")
 
 
 # -- the gateway ----------------------------------------------------------------------
@@ -201,14 +293,54 @@ def _with_credentials(url: str, base: str) -> str:
 # -- admin API ---------------------------------------------------------------------------
 
 
-def _admin_queue(admin_url: str, vhost: str, queue: str) -> dict[str, Any] | None:
-    path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
-    try:
-        with urllib.request.urlopen(admin_url.rstrip("/") + path, timeout=5) as response:
-            body = json.loads(response.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-    return body if isinstance(body, dict) else None
+@dataclass(frozen=True)
+class _Admin:
+    """The gateway's admin API, with HTTP basic credentials when it needs them."""
+
+    url: str
+    user: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def of(cls, url: str, user: str | None, password: str | None) -> _Admin:
+        """Credentials from the options, else from the URL's user info."""
+        parts = urlsplit(url)
+        if parts.username and user is None:
+            user, password = unquote(parts.username), unquote(parts.password or "")
+        netloc = parts.hostname or "127.0.0.1"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return cls(urlunsplit((parts.scheme, netloc, parts.path, "", "")), user, password)
+
+    def queue(self, vhost: str, queue: str) -> dict[str, Any] | None:
+        """The queue's admin view, None when not (yet) answerable.
+
+        Raises:
+            AdminRefused: the admin API refused the credentials.
+        """
+        path = f"/api/queues/{quote(vhost, safe='')}/{quote(queue, safe='')}"
+        request = urllib.request.Request(self.url.rstrip("/") + path)
+        if self.user is not None:
+            token = base64.b64encode(f"{self.user}:{self.password or ''}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                hint = (
+                    "pass --admin-user and --admin-password (the gateway's --admin-users)"
+                    if exc.code == 401
+                    else "the admin API refused the request (Host not allowed: see "
+                    "--admin-allowed-hosts)"
+                )
+                raise AdminRefused(
+                    f"the admin API at {self.url} answered HTTP {exc.code}: {hint}"
+                ) from None
+            return None
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
 
 
 # -- producers and consumer --------------------------------------------------------------
@@ -224,6 +356,7 @@ def _producer(
         with factory.create_connection() as connection:
             session = connection.create_session()
             producer = session.create_producer(session.create_queue(queue), capacity=stats.capacity)
+            stats.sdk_id = producer.id
             for seq in range(count):
                 if halt.is_set():
                     break
@@ -381,29 +514,39 @@ def _run_against(
     target: _Target,
     stack: contextlib.ExitStack,
 ) -> DemoResult:
-    gateway, gateway_url, admin_url = target.gateway, target.gateway_url, target.admin_url
+    gateway, gateway_url = target.gateway, target.gateway_url
+    admin = _Admin.of(target.admin_url, options.admin_user, options.admin_password)
     vhost = unquote(urlsplit(gateway_url).path.lstrip("/")) or "/"
     queue = f"rabbitflow-demo-{uuid.uuid4().hex[:8]}"
     bound = STOP + sum(CAPACITIES.values())
     result = DemoResult(queue=queue, bound=bound, expected=options.messages * len(CAPACITIES))
     _declare(gateway_url, queue)
     stack.callback(_delete, gateway_url, queue)
+    if admin.queue(vhost, queue) is None and gateway is None:
+        printer.plain(f"(the admin API at {admin.url} does not answer yet)")
+    capacities = " and ".join(producer_label(pid) for pid in CAPACITIES)
     printer.plain(
         f"Queue {queue}: qpid.flow_stop_count={STOP}, qpid.flow_resume_count={RESUME}; "
-        f"producers a (capacity 50) and b (capacity 15), {options.messages} messages each; "
-        f"bound {STOP} + 50 + 15 = {bound}"
+        f"{capacities}, {options.messages} messages each; "
+        f"bound {STOP} + {' + '.join(map(str, CAPACITIES.values()))} = {bound}"
     )
     printer.plain()
+    printer.plain("Phase 1: both producers send as fast as their window allows")
+    narrator = _Narrator(printer)
+    result.producers = [ProducerStats(pid, cap) for pid, cap in CAPACITIES.items()]
+
+    def names() -> dict[str, str]:
+        return {p.sdk_id: producer_label(p.pid) for p in result.producers if p.sdk_id}
 
     def on_event(event: Event) -> None:
         record = event.to_record()
         if record.get("queue") in (queue, None) or event.code.startswith("CHN"):
             result.events[event.code] += 1
-            printer.line(event.line())
+            narrator.event(event.code, event.line())
 
     sink.on_event = on_event
     client_log = logging.getLogger("rabbitflow.client")
-    handler = _ClientLogHandler(printer)
+    handler = _ClientLogHandler(narrator, names)
     client_log.addHandler(handler)
     old_level = client_log.level
     client_log.setLevel(logging.INFO)
@@ -414,7 +557,6 @@ def _run_against(
     consumer_go = threading.Event()
     stack.callback(halt.set)
     stack.callback(consumer_go.set)
-    result.producers = [ProducerStats(pid, cap) for pid, cap in CAPACITIES.items()]
     threads = [
         threading.Thread(
             target=_producer,
@@ -450,9 +592,7 @@ def _run_against(
     while time.monotonic() < deadline:
         now = time.monotonic()
         depth = gateway.depth(vhost, queue) if gateway is not None else None
-        snapshot = (
-            _admin_queue(admin_url, vhost, queue) if depth is None or now >= next_line else None
-        )
+        snapshot = admin.queue(vhost, queue) if depth is None or now >= next_line else None
         if snapshot is not None:
             last = snapshot
             if depth is None:
@@ -463,28 +603,31 @@ def _run_against(
                 code = "QUE-1003" if stopped else "QUE-1004"
                 result.events[code] += 1
                 word = "Overfull" if stopped else "Underfull"
-                printer.line(
-                    f"[vh({vhost})/qu({queue})] {code} : {word} (observed through the admin API)"
+                narrator.event(
+                    code,
+                    f"[vh({vhost})/qu({queue})] {code} : {word} (observed through the admin API)",
                 )
             last_stopped = stopped
         if depth is not None:
             result.peak = max(result.peak, depth)
+            narrator.observe(depth)
         if not consumer_go.is_set():
             blocked = len(last.get("blockedChannels") or [])
             sent_all = all(p.sent >= options.messages or p.error for p in result.producers)
             if (last.get("flowStopped") and blocked >= len(CAPACITIES)) or sent_all:
                 consumer_since = now
                 consumer_go.set()
-                printer.line(f"queue overfull, both producers blocked: consumer starts "
-                             f"({options.consume_rate:g} msg/s)")  # fmt: skip
+                narrator.note(
+                    f"both producers blocked: the consumer starts ({options.consume_rate:g} msg/s)"
+                )
             elif now > deadline - DEADLINE_S + 20:
                 consumer_go.set()
-                printer.line("producers not both blocked after 20 s: consumer starts anyway")
+                narrator.note("producers not both blocked after 20 s: consumer starts anyway")
         if now >= next_line and last:
             next_line = now + options.interval
             sent = " ".join(f"{p.pid}={p.sent}" for p in result.producers)
             bar = "#" * min(40, (depth or 0) * 40 // bound)
-            printer.line(
+            narrator.depth(
                 f"depth {depth:4d} |{bar:<40}| flow {'ON ' if last.get('flowStopped') else 'OFF'} "
                 f"blocked channels {len(last.get('blockedChannels') or [])}  "
                 f"sent {sent}  received {len(consumer_state.received)}"
@@ -501,7 +644,7 @@ def _run_against(
     for thread in [*threads, consumer]:
         thread.join(timeout=10)
 
-    final = _admin_queue(admin_url, vhost, queue) or last
+    final = admin.queue(vhost, queue) or last
     result.flow_stopped_count = int(final.get("flowStoppedCount", 0))
     result.received = len(consumer_state.received)
     result.in_order = _in_order(
@@ -541,7 +684,7 @@ def _summary(printer: _Printer, result: DemoResult) -> None:
     printer.plain(f"  events                {events}")
     for p in result.producers:
         printer.plain(
-            f"  producer {p.pid} (cap {p.capacity:2d})  sent {p.sent}, waited {p.waited_s:.2f} s "
+            f"  {producer_label(p.pid)}  sent {p.sent}, waited {p.waited_s:.2f} s "
             f"in {p.waits} sends (longest {p.longest_wait_s:.2f} s)"
         )
     printer.plain(f"  consumer              received {result.received} of {result.expected}")
@@ -559,6 +702,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gateway-url", help="use this running gateway (AMQP URL)")
     parser.add_argument("--admin-url", help="its admin API (default http://127.0.0.1:15673)")
+    parser.add_argument("--admin-user", help="admin API user (the gateway's --admin-users)")
+    parser.add_argument(
+        "--admin-password",
+        help="admin API password (default $RABBITFLOW_ADMIN_PASSWORD)",
+    )
     parser.add_argument("--rabbitmq-url", help="RabbitMQ for the in-process gateway")
     parser.add_argument("--management-url", help="RabbitMQ management API")
     return parser
@@ -593,12 +741,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         consume_rate=args.consume_rate,
         gateway_url=args.gateway_url,
         admin_url=args.admin_url,
+        admin_user=args.admin_user,
+        admin_password=args.admin_password or os.environ.get("RABBITFLOW_ADMIN_PASSWORD"),
         rabbitmq_url=args.rabbitmq_url,
         management_url=args.management_url,
     )
     try:
         with _quiet_structlog():
             result = run(options)
+    except AdminRefused as exc:
+        print(f"rabbitflow-demo: {exc}", file=sys.stderr)
+        return 1
     except (RuntimeError, OSError, pika.exceptions.AMQPError) as exc:
         print(f"rabbitflow-demo: {exc!r}", file=sys.stderr)
         return 1

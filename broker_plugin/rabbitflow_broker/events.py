@@ -51,6 +51,8 @@ def format_number(value: int) -> str:
 
 
 def _vhost_path(vhost: str) -> str:
+    # Broker-J's spelling, the same in every subject: vhost "/" prints "/",
+    # any other vhost "name" prints "/name".
     return vhost if vhost.startswith("/") else "/" + vhost
 
 
@@ -70,7 +72,11 @@ class Event:
 
     @property
     def subject(self) -> str:
-        """The Broker-J subject in brackets, e.g. ``[vh(/)/qu(orders)]``."""
+        """The Broker-J subject in brackets, e.g. ``[vh(/)/qu(orders)]``.
+
+        The vhost is spelt as Broker-J does: ``/`` for "/", ``/billing``
+        for "billing" (``[vh(/billing)/qu(orders)]``), in every subject.
+        """
         raise NotImplementedError
 
     @property
@@ -105,7 +111,7 @@ class QueueEvent(Event):
 
     @property
     def subject(self) -> str:
-        return f"[vh({self.vhost})/qu({self.queue})]"
+        return f"[vh({_vhost_path(self.vhost)})/qu({self.queue})]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,7 +217,7 @@ class StoreEvent(Event):
 
     @property
     def subject(self) -> str:
-        return f"[vh({self.vhost})/ms({self.store})]"
+        return f"[vh({_vhost_path(self.vhost)})/ms({self.store})]"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,14 +3,23 @@
 * :class:`Thresholds` holds the four Qpid thresholds, validated on creation;
 * :func:`thresholds_from_arguments` reads ``qpid.flow_*`` declare arguments;
 * :func:`default_thresholds` derives thresholds from a queue's maximum
-  (``x-max-length`` / ``x-max-length-bytes`` from arguments or policy) or
-  the gateway's default queue limit, except for drop-head (ring) queues;
+  (``x-max-length`` / ``x-max-length-bytes`` from arguments or policy,
+  Qpid's ``qpid.max_count`` / ``qpid.max_size``) or the gateway's default
+  queue limit, except for drop-head (ring) queues and streams;
+* :func:`with_derived_resume` fills in every resume value that is not set
+  beside a set stop value; every source of thresholds goes through it, so
+  no combination of values can leave an empty queue flow-stopped;
 * :class:`QueueFlow` is the state machine: :meth:`QueueFlow.observe` takes
   the queue's depth and ``now`` and returns the QUE-1003/QUE-1004 events of
   its transitions.
 
 A threshold of 0 is "not set".  A dimension whose stop value is not set
-never stops the queue and always counts as satisfied for resuming.
+never stops the queue and always counts as satisfied for resuming; a
+resume value that is not set beside a set stop value is derived from it
+(stop * resume% / stop%, at least 1).
+
+Streams are governed by retention, not by consumers: they get no default
+thresholds and ``qpid.flow_*`` arguments on them are refused.
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ __all__ = [
     "Thresholds",
     "ThresholdsSource",
     "default_thresholds",
+    "derived_resume",
+    "is_stream",
     "thresholds_from_arguments",
+    "with_derived_resume",
 ]
 
 STOP_COUNT: Final = "qpid.flow_stop_count"
@@ -127,15 +139,57 @@ class Thresholds:
 DISABLED: Final = Thresholds()
 
 
-def _derived_resume(stop: int, stop_pct: int, resume_pct: int) -> int:
-    # Like Qpid C++, an unset resume value follows the stop value at the
-    # broker-wide resume/stop ratio, so a queue with only a stop value still
-    # has hysteresis.
-    if not stop:
+#: The resume/stop ratio used when a broker percentage is 0 (not set):
+#: the gateway's (and Qpid C++'s) defaults, 70% and 80%.
+_FALLBACK_RESUME_PCT: Final = 70
+_FALLBACK_STOP_PCT: Final = 80
+
+
+def derived_resume(stop: int, *, stop_pct: int, resume_pct: int) -> int:
+    """The resume value that goes with a stop value whose resume is not set.
+
+    ``stop * resume_pct // stop_pct`` (70/80 when either percentage is 0),
+    never below 1 and never above ``stop``: a queue that is empty always
+    satisfies it.  0 for a stop value that is not set.
+    """
+    if stop <= 0:
         return 0
-    if stop_pct and resume_pct:
-        return stop * resume_pct // stop_pct
-    return stop
+    if not (stop_pct and resume_pct):
+        stop_pct, resume_pct = _FALLBACK_STOP_PCT, _FALLBACK_RESUME_PCT
+    return min(stop, max(1, stop * resume_pct // stop_pct))
+
+
+def with_derived_resume(thresholds: Thresholds, *, stop_pct: int, resume_pct: int) -> Thresholds:
+    """``thresholds`` with each resume of 0 beside a non-zero stop derived from it.
+
+    Like Qpid C++, an unset resume value follows the stop value at the
+    broker-wide resume/stop ratio, so a queue with only a stop value still
+    has hysteresis and, above all, resumes once it drains.
+    """
+    resume_count, resume_size = thresholds.resume_count, thresholds.resume_size
+    if thresholds.stop_count and not resume_count:
+        resume_count = derived_resume(
+            thresholds.stop_count, stop_pct=stop_pct, resume_pct=resume_pct
+        )
+    if thresholds.stop_size and not resume_size:
+        resume_size = derived_resume(thresholds.stop_size, stop_pct=stop_pct, resume_pct=resume_pct)
+    if (resume_count, resume_size) == (thresholds.resume_count, thresholds.resume_size):
+        return thresholds
+    return Thresholds(
+        stop_count=thresholds.stop_count,
+        resume_count=resume_count,
+        stop_size=thresholds.stop_size,
+        resume_size=resume_size,
+    )
+
+
+def _text(value: object) -> object:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def is_stream(arguments: Mapping[str, object] | None) -> bool:
+    """True when the declare arguments make the queue a stream (``x-queue-type``)."""
+    return bool(arguments) and _text(arguments.get("x-queue-type")) == "stream"  # type: ignore[union-attr]
 
 
 def thresholds_from_arguments(
@@ -144,26 +198,34 @@ def thresholds_from_arguments(
     """Thresholds named by ``qpid.flow_*`` arguments, or None if there are none.
 
     Strings holding integers are refused like any other non-integer: AMQP
-    tables carry integers natively and a string is a client bug.
+    tables carry integers natively and a string is a client bug.  A resume
+    value absent or 0 beside a non-zero stop value is derived
+    (:func:`derived_resume`).
 
     Raises:
-        ThresholdError: an invalid value; the message names the argument.
+        ThresholdError: an invalid value, or any ``qpid.flow_*`` argument
+            on a stream; the message names the argument.
     """
     if not arguments or not any(name in arguments for name in ARGUMENT_NAMES):
         return None
+    if is_stream(arguments):
+        name = next(name for name in ARGUMENT_NAMES if name in arguments)
+        raise ThresholdError(
+            name,
+            "flow thresholds do not apply to a stream (x-queue-type=stream): consuming "
+            "removes nothing from a stream, so its producers could never resume; "
+            "bound a stream with x-max-length-bytes / x-max-age retention instead",
+        )
     values = {name: _check_value(name, arguments.get(name, 0)) for name in ARGUMENT_NAMES}
-    stop_count, stop_size = values[STOP_COUNT], values[STOP_SIZE]
-    resume_count = values[RESUME_COUNT]
-    resume_size = values[RESUME_SIZE]
-    if RESUME_COUNT not in arguments:
-        resume_count = _derived_resume(stop_count, stop_pct, resume_pct)
-    if RESUME_SIZE not in arguments:
-        resume_size = _derived_resume(stop_size, stop_pct, resume_pct)
-    return Thresholds(
-        stop_count=stop_count,
-        resume_count=resume_count,
-        stop_size=stop_size,
-        resume_size=resume_size,
+    return with_derived_resume(
+        Thresholds(
+            stop_count=values[STOP_COUNT],
+            resume_count=values[RESUME_COUNT],
+            stop_size=values[STOP_SIZE],
+            resume_size=values[RESUME_SIZE],
+        ),
+        stop_pct=stop_pct,
+        resume_pct=resume_pct,
     )
 
 
@@ -173,14 +235,42 @@ def _int_or_none(value: object) -> int | None:
     return value
 
 
-def _limit(arguments: Mapping[str, object], policy: Mapping[str, object], key: str) -> int | None:
-    # RabbitMQ applies the lower of the argument and the policy value.
+def _limit(
+    arguments: Mapping[str, object], policy: Mapping[str, object], key: str, qpid_key: str
+) -> int | None:
+    # RabbitMQ applies the lower of the argument and the policy value; Qpid's
+    # own argument is one more maximum of the same kind.
     values = [
         v
-        for v in (_int_or_none(arguments.get("x-" + key)), _int_or_none(policy.get(key)))
+        for v in (
+            _int_or_none(arguments.get("x-" + key)),
+            _int_or_none(policy.get(key)),
+            _int_or_none(arguments.get(qpid_key)),
+        )
         if v is not None
     ]
     return min(values) if values else None
+
+
+#: Qpid's ``qpid.policy_type`` values that discard old messages (no defaults).
+_QPID_RING_POLICIES: Final = frozenset({"ring", "ring_strict"})
+
+
+def _drops_head(arguments: Mapping[str, object], policy: Mapping[str, object]) -> bool:
+    """Whether a bounded queue discards its oldest messages when full."""
+    rabbit_max = any(
+        _int_or_none(value) is not None
+        for value in (
+            arguments.get("x-max-length"),
+            arguments.get("x-max-length-bytes"),
+            policy.get("max-length"),
+            policy.get("max-length-bytes"),
+        )
+    )
+    # RabbitMQ's overflow default is drop-head; a queue bounded only by
+    # Qpid's qpid.max_count/qpid.max_size follows Qpid's default, reject.
+    default = "drop-head" if rabbit_max else "reject-publish"
+    return _text(arguments.get("x-overflow", policy.get("overflow", default))) == "drop-head"
 
 
 def default_thresholds(
@@ -193,21 +283,26 @@ def default_thresholds(
 ) -> Thresholds | None:
     """Default thresholds of a queue without ``qpid.flow_*`` arguments.
 
+    The queue's maximum is the lowest of ``x-max-length`` (bytes:
+    ``x-max-length-bytes``), the policy's ``max-length``
+    (``max-length-bytes``) and Qpid's ``qpid.max_count`` (``qpid.max_size``).
     Returns None when the queue gets no defaults: both broker percentages
-    are 0, its overflow is drop-head (RabbitMQ's default when a maximum is
-    set), or it has no maximum and the default queue limit is 0.
+    are 0, it is a stream, its overflow is drop-head (RabbitMQ's default
+    when its own maximum is set; ``qpid.policy_type=ring``), or it has no
+    maximum and the default queue limit is 0.
     """
     if not stop_pct and not resume_pct:
         return None
     arguments = arguments or {}
     policy = policy or {}
-    max_length = _limit(arguments, policy, "max-length")
-    max_bytes = _limit(arguments, policy, "max-length-bytes")
+    if is_stream(arguments):
+        return None
+    max_length = _limit(arguments, policy, "max-length", "qpid.max_count")
+    max_bytes = _limit(arguments, policy, "max-length-bytes", "qpid.max_size")
+    if _text(arguments.get("qpid.policy_type")) in _QPID_RING_POLICIES:
+        return None
     if max_length is not None or max_bytes is not None:
-        overflow = arguments.get("x-overflow", policy.get("overflow", "drop-head"))
-        if isinstance(overflow, bytes):
-            overflow = overflow.decode()
-        if overflow == "drop-head":
+        if _drops_head(arguments, policy):
             return None
         base_count, base_size = max_length or 0, max_bytes or 0
     elif default_queue_limit:
@@ -216,11 +311,15 @@ def default_thresholds(
         return None
     stop_count = base_count * stop_pct // 100
     stop_size = base_size * stop_pct // 100
-    return Thresholds(
-        stop_count=stop_count,
-        resume_count=min(stop_count, base_count * resume_pct // 100),
-        stop_size=stop_size,
-        resume_size=min(stop_size, base_size * resume_pct // 100),
+    return with_derived_resume(
+        Thresholds(
+            stop_count=stop_count,
+            resume_count=min(stop_count, base_count * resume_pct // 100),
+            stop_size=stop_size,
+            resume_size=min(stop_size, base_size * resume_pct // 100),
+        ),
+        stop_pct=stop_pct,
+        resume_pct=resume_pct,
     )
 
 

@@ -35,7 +35,10 @@ from rabbitflow_broker.flow import (
     Thresholds,
     ThresholdsSource,
     default_thresholds,
+    derived_resume,
+    is_stream,
     thresholds_from_arguments,
+    with_derived_resume,
 )
 from rabbitflow_broker.routing import RoutingTable
 from rabbitflow_broker.store import StoreQuota, StoreSnapshot, StoreSource
@@ -167,6 +170,8 @@ class Gateway:
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
         self.routing_version = 0
+        #: While set, new client connections are refused with 320 and this text.
+        self.ready_error: str | None = None
 
     # -- connections ---------------------------------------------------------
 
@@ -218,11 +223,12 @@ class Gateway:
         thresholds_from_arguments(arguments, stop_pct=stop_pct, resume_pct=resume_pct)
 
     def _compute(self, key: QueueKey) -> tuple[Thresholds, ThresholdsSource]:
-        runtime = self._runtime.get(key)
-        if runtime is not None:
-            return runtime, "runtime"
         arguments, policy = self._queue_args.get(key, ({}, {}))
         stop_pct, resume_pct = self._pct()
+        runtime = self._runtime.get(key)
+        if runtime is not None and not is_stream(arguments):
+            # Stored by an older gateway, a resume of 0 may still be there.
+            return with_derived_resume(runtime, stop_pct=stop_pct, resume_pct=resume_pct), "runtime"
         try:
             explicit = thresholds_from_arguments(
                 arguments, stop_pct=stop_pct, resume_pct=resume_pct
@@ -309,10 +315,13 @@ class Gateway:
         """Apply admin-API threshold changes (camelCase keys, any subset).
 
         A stop value given without its resume value keeps the old resume
-        value when it still fits, else derives it from the broker ratio.
+        value when it still fits, else derives it from the broker ratio; a
+        resume value of 0 beside a non-zero stop value is derived likewise
+        (:func:`~rabbitflow_broker.flow.with_derived_resume`).
 
         Raises:
-            ThresholdError: unknown key or bad value, naming it.
+            ThresholdError: unknown key, bad value, or any threshold on a
+                stream, naming it.
         """
         names = {
             "flowStopCount": "stop_count",
@@ -324,6 +333,12 @@ class Gateway:
             if key_name not in names:
                 raise ThresholdError(key_name, "unknown threshold")
         key = (vhost, name)
+        if is_stream(self._queue_args.get(key, ({}, {}))[0]):
+            raise ThresholdError(
+                next(iter(changes), "flowStopCount"),
+                f"queue {name!r} is a stream: flow thresholds do not apply to streams "
+                "(consuming removes nothing from a stream, so its producers could never resume)",
+            )
         current = self.flow(key).thresholds
         values = {
             "stop_count": current.stop_count,
@@ -344,11 +359,13 @@ class Gateway:
                 if stop == 0:
                     values[resume_field] = 0
                 elif values[resume_field] > stop:
-                    values[resume_field] = (
-                        stop * resume_pct // stop_pct if stop_pct and resume_pct else stop
+                    values[resume_field] = derived_resume(
+                        stop, stop_pct=stop_pct, resume_pct=resume_pct
                     )
         try:
-            thresholds = Thresholds(**values)
+            thresholds = with_derived_resume(
+                Thresholds(**values), stop_pct=stop_pct, resume_pct=resume_pct
+            )
         except ThresholdError as exc:
             camel = {
                 "qpid.flow_stop_count": "flowStopCount",

@@ -1,9 +1,17 @@
-"""The running gateway: AMQP listener, admin API and background loops.
+"""The running gateway: AMQP listeners, admin API and background loops.
 
 :class:`GatewayService` wires a :class:`~rabbitflow_broker.gateway.Gateway`
 to the world: it accepts AMQP clients (one :class:`~rabbitflow_broker.relay.Relay`
-each), serves the admin API, keeps the routing mirror fresh from the
-management API and reconciles queue depths with RabbitMQ's counts.
+each, plain and/or TLS), serves the admin API, keeps the routing mirror
+fresh from the management API and reconciles queue depths with RabbitMQ's
+counts.
+
+Start-up never waits on the management API: the listeners open at once and
+``gateway.ready_error`` names what is missing (clients get 320 with it)
+until the first routing snapshot is in, fetched in the background.  An
+outage of RabbitMQ is logged as one ``upstream lost`` line, a reminder at
+most every :data:`OUTAGE_REMINDER_S` seconds and one ``upstream back`` line
+(:class:`OutageLog`).
 
 :class:`EventSink` writes each event as one console line (structlog) and
 one JSON line in ``--event-log``.
@@ -13,16 +21,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
+import ssl
+import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import structlog
+import tenacity
 from aiohttp import web
 
 from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.events import Event
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
@@ -37,14 +50,85 @@ from rabbitflow_broker.routing import RoutingError, RoutingTable
 from rabbitflow_broker.store import StoreSource
 from rabbitflow_broker.upstream import ManagementClient, ManagementError
 
-__all__ = ["EventSink", "GatewayService", "disk_store_sizes"]
+__all__ = [
+    "OUTAGE_REMINDER_S",
+    "EventSink",
+    "GatewayService",
+    "OutageLog",
+    "disk_store_sizes",
+    "loop_exception_handler",
+    "server_ssl_context",
+    "upstream_ssl_context",
+]
 
 _log = structlog.get_logger("rabbitflow.broker")
 _events_log = structlog.get_logger("rabbitflow.broker.events")
 
-# RabbitMQ's statistics (message_bytes) are collected every 5 s by default;
-# bytes are adopted only for queues quiet for longer than that.
-_STATS_SETTLE_S = 12.0
+#: Seconds between "upstream still lost" reminders during an outage.
+OUTAGE_REMINDER_S = 30.0
+#: Seconds start-up waits for the first routing snapshot before listening anyway.
+STARTUP_GRACE_S = 0.5
+_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
+
+class OutageLog:
+    """When to say that RabbitMQ went away, is still away, or came back (pure).
+
+    ``failed(now)`` returns ``"lost"`` for the first failure of an outage,
+    ``"still lost"`` when the last line is at least ``reminder`` seconds
+    old, else None; ``succeeded(now)`` returns the outage's length in
+    seconds when it just ended, else None.
+    """
+
+    def __init__(self, *, reminder: float = OUTAGE_REMINDER_S) -> None:
+        self.reminder = reminder
+        self.down_since: float | None = None
+        self._said_at = 0.0
+
+    def failed(self, now: float) -> Literal["lost", "still lost"] | None:
+        """One failed exchange with RabbitMQ at ``now``."""
+        if self.down_since is None:
+            self.down_since = self._said_at = now
+            return "lost"
+        if now - self._said_at >= self.reminder:
+            self._said_at = now
+            return "still lost"
+        return None
+
+    def succeeded(self, now: float) -> float | None:
+        """One good exchange with RabbitMQ at ``now``."""
+        if self.down_since is None:
+            return None
+        outage, self.down_since = now - self.down_since, None
+        return outage
+
+
+def server_ssl_context(config: GatewayConfig) -> ssl.SSLContext:
+    """The TLS context of ``--listen-tls`` (certificate, key, optional client CA).
+
+    Raises:
+        ssl.SSLError, OSError: a file is unreadable or not a matching PEM.
+    """
+    if config.tls_cert is None or config.tls_key is None:
+        raise ValueError("server_ssl_context needs --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca:
+        context.load_verify_locations(cafile=config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def upstream_ssl_context(config: GatewayConfig) -> ssl.SSLContext:
+    """The TLS context for an ``amqps://`` upstream: verified, hostname checked.
+
+    Against ``--upstream-ca`` when given, else the system's CAs.
+
+    Raises:
+        ssl.SSLError, OSError: the CA file is unreadable or not PEM.
+    """
+    return ssl.create_default_context(cafile=config.upstream_ca)
 
 
 class EventSink:
@@ -130,39 +214,60 @@ class GatewayService:
         self._admin: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._relays: set[Relay] = set()
-        self._background: set[asyncio.Task[None]] = set()
-        self._last_totals: dict[tuple[str, str], tuple[int, int]] = {}
+        self._background: set[asyncio.Future[Any]] = set()
+        self.depth_sources = DepthSources(interval=config.reconcile_interval / 1000)
+        self._tls_server: asyncio.Server | None = None
+        self._tls_context: ssl.SSLContext | None = None
+        self._outage = OutageLog()
+        self._management_failures = 0
+        #: Set once the first routing snapshot (and stored state) is in.
+        self.ready = asyncio.Event()
         self.port = 0
+        self.tls_port = 0
         self.admin_port = 0
 
     async def start(self) -> None:
-        """Load state, snapshot RabbitMQ, start listening.
+        """Open the listeners and the admin API at once; load state in the background.
+
+        Until the first routing snapshot is in, ``gateway.ready_error``
+        says why the gateway is not ready and :attr:`ready` is not set.
 
         Raises:
-            OSError: a listen address cannot be bound.
+            OSError: a listen address cannot be bound (``ssl.SSLError``: the
+                TLS certificate or key cannot be loaded).
         """
-        stored: dict[tuple[str, str], Thresholds] = {}
-        try:
-            stored = dict(await self.store.load())
-            self.gateway.load_runtime_thresholds(stored)
-        except PersistenceError as exc:
-            _log.warning("runtime thresholds not loaded", error=str(exc))
-        if await self.refresh_routing():
-            # Thresholds are set only on existing queues and forgotten when
-            # the gateway sees one deleted; a queue deleted while no gateway
-            # ran leaves them behind: forget them now.
-            for key in stored:
-                if not self.gateway.routing.has_queue(*key):
-                    _log.info(
-                        "forgetting thresholds of a deleted queue", vhost=key[0], queue=key[1]
-                    )
-                    self.gateway.queue_deleted(*key)
-        await self.reconcile_once(initial=True)
-        await self.measure_store()
-        host, port = self.config.listen_address
+        self.gateway.ready_error = (
+            "gateway starting: waiting for the first routing snapshot from the "
+            f"management API at {self.management.base_url}"
+        )
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._new_relay, host, port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        loop.set_exception_handler(loop_exception_handler)
+        self._tasks = [asyncio.create_task(self._become_ready(), name="start-up")]
+        # A healthy RabbitMQ answers within this grace: clients then never
+        # meet the not-ready window.  A silent one cannot hold the listener
+        # back beyond it.
+        await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
+        backlog = self.config.listen_backlog
+        listening: dict[str, str] = {}
+        address = self.config.listen_address
+        if address is not None:
+            self._server = await loop.create_server(
+                self._new_relay, address[0], address[1], backlog=backlog
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+            listening["listen"] = f"{address[0]}:{self.port}"
+        tls_address = self.config.listen_tls_address
+        if tls_address is not None:
+            self._tls_context = server_ssl_context(self.config)
+            self._tls_server = await loop.create_server(
+                self._new_relay,
+                tls_address[0],
+                tls_address[1],
+                backlog=backlog,
+                ssl=self._tls_context,
+            )
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            listening["listen_tls"] = f"{tls_address[0]}:{self.tls_port}"
         from rabbitflow_broker.admin import create_app
 
         self._admin = web.AppRunner(create_app(self), access_log=None)
@@ -172,24 +277,79 @@ class GatewayService:
         await site.start()
         addresses = self._admin.addresses
         self.admin_port = int(addresses[0][1]) if addresses else admin_port
-        self._tasks = [
-            asyncio.create_task(self._routing_loop(), name="routing-refresh"),
-            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
-            asyncio.create_task(self._store_loop(), name="store-quota"),
-        ]
         _log.info(
             "gateway listening",
-            listen=f"{host}:{self.port}",
+            **listening,
             upstream="{}:{}".format(*self.config.upstream_address),
             admin=f"{admin_host}:{self.admin_port}",
         )
 
+    async def _become_ready(self) -> None:
+        """Load stored state and the first snapshot (retrying), then start the loops."""
+        retrying = tenacity.AsyncRetrying(
+            wait=tenacity.wait_exponential(multiplier=0.5, max=5.0) + tenacity.wait_random(0, 0.5),
+            retry=tenacity.retry_if_result(lambda answered: answered is False),
+            before_sleep=self._not_ready_yet,
+        )
+        await retrying(self.refresh_routing)
+        await self._load_stored_state()
+        await self.reconcile_once(initial=True)
+        await self.measure_store()
+        self.gateway.ready_error = None
+        self.ready.set()
+        _log.info("gateway ready", queues=len(self.gateway.queue_keys()))
+        self._tasks += [
+            asyncio.create_task(self._routing_loop(), name="routing-refresh"),
+            asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+            asyncio.create_task(self._store_loop(), name="store-quota"),
+        ]
+
+    def _not_ready_yet(self, _state: tenacity.RetryCallState) -> None:
+        self.gateway.ready_error = (
+            "gateway not ready: no routing snapshot yet from the management API "
+            f"at {self.management.base_url} ({self._last_management_error})"
+        )
+
+    async def _load_stored_state(self) -> None:
+        stored: dict[tuple[str, str], Thresholds] = {}
+        try:
+            stored = dict(await self.store.load())
+            self.gateway.load_runtime_thresholds(stored)
+        except PersistenceError as exc:
+            _log.warning("runtime thresholds not loaded", error=str(exc))
+        # Thresholds are set only on existing queues and forgotten when
+        # the gateway sees one deleted; a queue deleted while no gateway
+        # ran leaves them behind: forget them now.
+        for key in stored:
+            if not self.gateway.routing.has_queue(*key):
+                _log.info("forgetting thresholds of a deleted queue", vhost=key[0], queue=key[1])
+                self.gateway.queue_deleted(*key)
+        try:
+            stops = await self.store.load_stops()
+        except PersistenceError as exc:
+            _log.warning("administrator stops not loaded", error=str(exc))
+            return
+        for vhost, queue in stops:
+            self.gateway.stop_producers(vhost=vhost, queue=queue)
+        if stops:
+            _log.warning(
+                "administrator stops restored: producers stay stopped until "
+                "rabbitflow-config start-producers",
+                stops=[{"vhost": v, "queue": q} for v, q in stops],
+            )
+
+    def keep_running(self, task: asyncio.Future[Any]) -> None:
+        """Keep a background write alive until it ends (or the service stops)."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def stop(self) -> None:
-        """Close the listener, every relayed connection and the admin API."""
+        """Close the listeners, every relayed connection and the admin API."""
         for task in self._tasks:
             task.cancel()
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
         relays = list(self._relays)
         for relay in relays:
             relay.abort()
@@ -198,17 +358,42 @@ class GatewayService:
             _done, pending = await asyncio.wait(waiters, timeout=5)
             for waiter in pending:
                 waiter.cancel()
-        for task in [*self._tasks, *self._background]:
+        pending_work: list[asyncio.Future[Any]] = [*self._tasks, *self._background]
+        for work in pending_work:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await work
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 2)
         if self._admin is not None:
             await self._admin.cleanup()
         await self.management.close()
         if self._owns_sink:
             self.sink.close()
+
+    def reload_tls(self) -> bool:
+        """Reload ``--tls-cert``/``--tls-key``/``--tls-client-ca`` (SIGHUP).
+
+        New handshakes use the new files; connections already open keep
+        theirs.  Files that do not load leave the old ones in force.
+        Returns whether the files were reloaded.
+        """
+        if self._tls_context is None:
+            return False
+        config = self.config
+        if config.tls_cert is None or config.tls_key is None:
+            return False
+        try:
+            server_ssl_context(config)  # check first: a bad file must not half-apply
+            self._tls_context.load_cert_chain(config.tls_cert, config.tls_key)
+            if config.tls_client_ca:
+                self._tls_context.load_verify_locations(cafile=config.tls_client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            _log.error("TLS certificates not reloaded; the old ones stay", error=str(exc))
+            return False
+        _log.info("TLS certificates reloaded", cert=config.tls_cert)
+        return True
 
     def _forget_runtime(self, key: tuple[str, str]) -> None:
         async def forget() -> None:
@@ -228,6 +413,35 @@ class GatewayService:
 
     # -- management-API loops --------------------------------------------------
 
+    _last_management_error = "no answer yet"
+
+    def _management_failed(self, what: str, exc: ManagementError) -> None:
+        """One failed call to RabbitMQ's management API: log per :class:`OutageLog`."""
+        self._management_failures += 1
+        self._last_management_error = str(exc)
+        said = self._outage.failed(time.monotonic())
+        if said is None:
+            return
+        down_since = self._outage.down_since
+        _log.warning(
+            f"upstream {said}",
+            management=self.management.base_url,
+            failed=what,
+            error=str(exc),
+            **(
+                {"for_s": round(time.monotonic() - down_since)}
+                if said == "still lost" and down_since is not None
+                else {}
+            ),
+        )
+
+    def _management_ok(self) -> None:
+        outage = self._outage.succeeded(time.monotonic())
+        if outage is not None:
+            _log.warning(
+                "upstream back", management=self.management.base_url, after_s=round(outage, 1)
+            )
+
     async def refresh_routing(self) -> bool:
         """Swap in a fresh routing snapshot unless relayed changes raced it.
 
@@ -237,9 +451,13 @@ class GatewayService:
         try:
             exchanges, queues, bindings, policies = await self.management.routing_items()
             table = RoutingTable.from_management(exchanges, queues, bindings, policies)
-        except (ManagementError, RoutingError) as exc:
-            _log.warning("routing snapshot failed", error=str(exc))
+        except ManagementError as exc:
+            self._management_failed("routing snapshot", exc)
             return False
+        except RoutingError as exc:
+            _log.warning("routing snapshot refused", error=str(exc))
+            return False
+        self._management_ok()
         if self.gateway.routing_version == version:
             self.gateway.routing.replace(table)
         for item in queues:
@@ -249,56 +467,49 @@ class GatewayService:
         return True
 
     async def reconcile_once(self, *, initial: bool = False) -> None:
-        """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile."""
+        """Adopt RabbitMQ's depth for queues the gateway left alone meanwhile.
+
+        Which of RabbitMQ's counts is true for which queue type is decided
+        by :class:`~rabbitflow_broker.depth_source.DepthSources`: the
+        current totals for classic queues, the statistics (after a longer
+        quiet time) for quorum queues and streams, never a 0 or null that
+        the totals listing gives for those.
+        """
         gateway = self.gateway
         versions = {key: gateway.depth.version(key) for key in gateway.queue_keys()}
         try:
             totals = await self.management.queue_totals()
             stats = await self.management.queue_bytes()
         except ManagementError as exc:
-            _log.warning("depth reconciliation failed", error=str(exc))
+            self._management_failed("depth reconciliation", exc)
             return
-        settle = self.config.reconcile_interval / 1000
         seen: set[tuple[str, str]] = set()
         for item in totals:
             key = (str(item["vhost"]), str(item["name"]))
             seen.add(key)
-            messages = item.get("messages")
-            if not isinstance(messages, int):
-                continue
             if not gateway.knows_queue(*key):
                 gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
                 if not gateway.routing.has_queue(*key):
                     gateway.routing.declare_queue(key[0], key[1], _arguments(item))
             seen_version = versions.get(key, gateway.depth.version(key))
-            # Adopt only a count RabbitMQ reported twice in a row while the
-            # gateway changed nothing: a publish still in flight upstream
-            # cannot look like bypass traffic then.
-            previous = self._last_totals.get(key)
-            self._last_totals[key] = (messages, seen_version)
-            if previous != (messages, seen_version) and not initial:
-                continue
-            gateway.reconcile(
-                key[0],
-                key[1],
-                messages=messages,
-                size=None,
+            readings = self.depth_sources.readings(
+                key,
+                queue_type(_arguments(item), item.get("type")),
+                totals=item.get("messages"),
+                stats=stats.get(key),
                 seen_version=seen_version,
-                settle=settle,
+                initial=initial,
             )
-            stat = stats.get(key)
-            if stat is not None and stat[0] == messages:
+            for reading in readings:
                 gateway.reconcile(
                     key[0],
                     key[1],
-                    messages=messages,
-                    size=stat[1],
+                    messages=reading.messages,
+                    size=reading.size,
                     seen_version=seen_version,
-                    settle=_STATS_SETTLE_S,
+                    settle=reading.settle,
                 )
-        for key in list(self._last_totals):
-            if key not in seen:
-                del self._last_totals[key]
+        self.depth_sources.keep_only(seen)
         for key, version in versions.items():
             if key not in seen and gateway.depth.version(key) == version:
                 gateway.queue_deleted(*key)
@@ -320,7 +531,11 @@ class GatewayService:
             else:
                 sizes = await self.management.store_sizes()
                 source = "management"
-        except (ManagementError, OSError) as exc:
+                self._management_ok()
+        except ManagementError as exc:
+            self._management_failed("store size", exc)
+            return
+        except OSError as exc:
             _log.warning("store size not measured", error=str(exc))
             return
         for vhost, size in sizes.items():
@@ -351,4 +566,21 @@ class GatewayService:
             return
         while True:
             await asyncio.sleep(interval)
+            failures = self._management_failures
             await self.reconcile_once()
+            if self._management_failures == failures:
+                self._management_ok()
+
+
+def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Say "too many open files" for fd exhaustion (accept errors too); else asyncio's default."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno in _FD_ERRNOS:
+        _log.error(
+            "too many open files: connections are not accepted until some close "
+            "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)",
+            error=str(exc),
+            context=str(context.get("message", "")),
+        )
+        return
+    loop.default_exception_handler(context)

@@ -186,6 +186,13 @@ class StoreQuota:
             underfull_size=self.underfull_size,
             overfull=self.overfull,
             source=self.source,
-            updated_at=self.updated_at.isoformat() if self.updated_at else None,
+            updated_at=_iso_utc(self.updated_at) if self.updated_at else None,
             overfull_count=self.overfull_count,
         )
+
+
+def _iso_utc(ts: dt.datetime) -> str:
+    """``2026-11-22T06:43:00.000Z``: UTC, milliseconds, like the events' ``ts``."""
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=dt.UTC)
+    return ts.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

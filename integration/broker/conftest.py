@@ -77,6 +77,8 @@ class RunningGateway:
         self.service = service
         future = asyncio.run_coroutine_threadsafe(service.start(), loop)
         future.result(timeout=30)
+        # The listener opens before the first routing snapshot when RabbitMQ is slow.
+        asyncio.run_coroutine_threadsafe(service.ready.wait(), loop).result(timeout=30)
         self.port, self.admin_port = service.port, service.admin_port
         # A restart reuses the ports so clients and tests can reconnect.
         self.listen_port, self.admin_listen_port = self.port, self.admin_port

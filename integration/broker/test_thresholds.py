@@ -48,15 +48,20 @@ def _at(gateway: RunningGateway, queue: str, messages: int, size: int) -> dict[s
     )
 
 
-@pytest.fixture
+@pytest.fixture(params=["classic", "quorum"])
 def both_queue(
-    gateway: RunningGateway, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    request: pytest.FixtureRequest,
 ) -> Iterator[tuple[str, BlockingChannel]]:
+    """A queue with all four thresholds set, of each type flow control covers."""
     queue = unique_name("both")
     cleanup_queues.append(queue)
     connection = gateway.connect()
     channel = connection.channel()
-    channel.queue_declare(queue, arguments=BOTH)
+    quorum = request.param == "quorum"
+    channel.queue_declare(queue, durable=quorum, arguments={**BOTH, "x-queue-type": request.param})
     yield queue, channel
     connection.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -98,3 +99,32 @@ def test_demo_starts_a_throwaway_rabbitmq_when_none_answers(
     assert code == 0, out
     assert "starting a throwaway node" in out
     assert summary(out)["exactly once, in order"] == "OK"
+
+
+@pytest.mark.slow
+def test_demo_output_is_about_a_screen_per_phase_and_names_producers_one_way(
+    broker: Broker,
+) -> None:
+    out = io.StringIO()
+
+    result = run(
+        DemoOptions(
+            messages=500,
+            consume_rate=200,
+            rabbitmq_url=broker.url,
+            management_url=broker.management_url,
+        ),
+        out=out,
+    )
+
+    text = out.getvalue()
+    assert result.problems == [], text
+    story, summary_part = text.split("\nSummary\n", 1)
+    phases = story.split("\nPhase ")[1:]
+    assert [p.split(":", 1)[0] for p in phases] == ["1", "2", "3"], text
+    assert all(len(p.splitlines()) <= 40 for p in phases), text
+    labels = {"producer A (capacity 50)", "producer B (capacity 15)"}
+    named_in_log = set(re.findall(r"\[(producer [^\]]*)\]", story))
+    named_in_summary = {label for label in labels if f"  {label}  sent" in summary_part}
+    assert named_in_log == labels
+    assert named_in_summary == labels

@@ -106,6 +106,7 @@ class Topology:
     exchanges: dict[str, str] = field(default_factory=dict)  # name -> type (live only)
     internal: set[str] = field(default_factory=set)
     queues: list[str] = field(default_factory=list)  # every queue ever declared
+    queue_types: dict[str, str] = field(default_factory=dict)  # name -> x-queue-type
     policies: list[dict[str, object]] = field(default_factory=list)
 
     def record(self, op: str, *args: object, **kwargs: object) -> None:
@@ -150,6 +151,7 @@ def build_random_topology(
     n_queues: int = 8,
     n_queue_bindings: int = 22,
     n_exchange_bindings: int = 10,
+    queue_types: Sequence[str] = ("classic",),
 ) -> Topology:
     """Declare a random topology through ``channel`` (pika, on ``vhost``) and record it.
 
@@ -158,7 +160,9 @@ def build_random_topology(
     queue and exchange-to-exchange bindings (self-bindings and cycles
     included, also from the ``amq.*`` exchanges); then a few unbinds and one
     queue and one exchange deletion.  Policies are not set here: see
-    :func:`random_policies`.
+    :func:`random_policies`.  Queue ``i`` is of type ``queue_types[i % n]``
+    (quorum queues and streams durable, as RabbitMQ requires); the types do
+    not change the random choices, so a seed builds the same topology.
     """
     topo = Topology(vhost)
     names = [f"x{i}" for i in range(n_exchanges)]
@@ -175,9 +179,12 @@ def build_random_topology(
             topo.internal.add(name)
     for i in range(n_queues):
         queue = f"q{i}"
-        channel.queue_declare(queue)
-        topo.record("declare_queue", queue, None)
+        queue_type = queue_types[i % len(queue_types)]
+        queue_args = None if queue_type == "classic" else {"x-queue-type": queue_type}
+        channel.queue_declare(queue, durable=queue_args is not None, arguments=queue_args)
+        topo.record("declare_queue", queue, queue_args)
         topo.queues.append(queue)
+        topo.queue_types[queue] = queue_type
 
     types = {**topo.exchanges, "amq.direct": "direct", "amq.fanout": "fanout"}
     types |= {"amq.topic": "topic", "amq.headers": "headers", "amq.match": "headers"}
@@ -360,10 +367,11 @@ def drained_routes(
         channel = connection.channel()
         live_queues = [q for q in topology.queues if _queue_exists(connection, q)]
         for queue in live_queues:
-            while True:
-                method, _props, body = channel.basic_get(queue, auto_ack=True)
-                if method is None:
-                    break
+            if topology.queue_types.get(queue) == "stream":
+                bodies = _read_stream(connection, queue)
+            else:
+                bodies = _get_all(channel, queue)
+            for body in bodies:
                 msg_id = body.decode()
                 if msg_id not in reached:
                     raise AssertionError(f"unknown delivery {body!r} on {queue}")
@@ -371,6 +379,40 @@ def drained_routes(
                     raise AssertionError(f"{msg_id} reached {queue} twice")
                 reached[msg_id].add(queue)
     return {k: frozenset(v) for k, v in reached.items()}
+
+
+def _get_all(channel: Any, queue: str) -> Iterator[bytes]:
+    while True:
+        method, _props, body = channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return
+        yield body
+
+
+#: Published last to a stream so its reader knows it has read everything
+#: (a stream has no "empty"; its passive declare reports 0 messages).
+_END_OF_STREAM = b"\x00end-of-stream"
+
+
+def _read_stream(connection: Any, queue: str) -> list[bytes]:
+    """Every message of a stream, from its first offset (streams are not drained)."""
+    channel = connection.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, _END_OF_STREAM)
+    channel.basic_qos(prefetch_count=200)  # a stream consumer needs a prefetch
+    bodies: list[bytes] = []
+    for method, _props, body in channel.consume(
+        queue, arguments={"x-stream-offset": "first"}, inactivity_timeout=30
+    ):
+        if method is None:
+            raise AssertionError(f"stream {queue}: end marker not read within 30 s")
+        channel.basic_ack(method.delivery_tag)
+        if body == _END_OF_STREAM:
+            break
+        bodies.append(body)
+    channel.cancel()
+    channel.close()
+    return bodies
 
 
 def live_queues(url: str, topology: Topology) -> list[str]:

@@ -31,6 +31,10 @@ from integration.routing._differential import (
 from rabbitflow_broker.routing import RoutingTable
 
 SEEDS = range(12)
+# Routing does not depend on the queue type: some seeds again with classic,
+# quorum and stream queues in turn.
+MIXED_SEEDS = range(3)
+MIXED = ("classic", "quorum", "stream")
 MESSAGES_PER_TOPOLOGY = 400
 
 
@@ -40,17 +44,27 @@ def _management_url(broker: Broker) -> str:
     return broker.management_url
 
 
-def _topology(rng: random.Random, broker: Broker, vhost: str) -> Topology:
+def _topology(
+    rng: random.Random, broker: Broker, vhost: str, queue_types: tuple[str, ...] = ("classic",)
+) -> Topology:
     with pika.BlockingConnection(pika.URLParameters(amqp_url(broker.url, vhost))) as connection:
-        return build_random_topology(rng, connection.channel(), vhost=vhost)
+        return build_random_topology(
+            rng, connection.channel(), vhost=vhost, queue_types=queue_types
+        )
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_routing_table_predicts_every_delivery(broker: Broker, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "queue_types"),
+    [(seed, ("classic",)) for seed in SEEDS] + [(seed, MIXED) for seed in MIXED_SEEDS],
+    ids=[f"classic-{seed}" for seed in SEEDS] + [f"mixed-{seed}" for seed in MIXED_SEEDS],
+)
+def test_routing_table_predicts_every_delivery(
+    broker: Broker, seed: int, queue_types: tuple[str, ...]
+) -> None:
     management_url = _management_url(broker)
     rng = random.Random(seed)
     with scratch_vhost(management_url) as vhost:
-        topology = _topology(rng, broker, vhost)
+        topology = _topology(rng, broker, vhost, queue_types)
         apply_policies(management_url, topology, random_policies(rng, topology))
         replayed = topology.replay()
         snapshot = RoutingTable.from_management(**management_snapshot(management_url, vhost))

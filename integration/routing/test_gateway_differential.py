@@ -20,6 +20,10 @@ Two ways the gateway learns the topology:
 
 Depth reconciliation and routing refreshes are switched off so RabbitMQ's
 own counts can never paper over a routing mistake.
+
+Every topology is built of classic queues, and again of classic, quorum and
+stream queues in turn (``mixed``): routing and the gateway's counts must
+not depend on the queue type.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ from integration.routing._differential import (
     scratch_vhost,
 )
 
-LEARNED_SEEDS = range(8)
-SNAPSHOT_SEEDS = range(4)
+QUEUE_TYPES = {"classic": ("classic",), "mixed": ("classic", "quorum", "stream")}
+LEARNED = [(seed, "classic") for seed in range(8)] + [(seed, "mixed") for seed in range(4)]
+SNAPSHOT = [(seed, "classic") for seed in range(4)] + [(seed, "mixed") for seed in range(2)]
 MESSAGES_PER_TOPOLOGY = 300
 QUIET = {"routing_refresh_interval": 0, "reconcile_interval": 0}
 
@@ -97,9 +102,9 @@ def _compare(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", LEARNED_SEEDS)
+@pytest.mark.parametrize(("seed", "queue_types"), LEARNED)
 def test_gateway_routes_like_rabbitmq_from_relayed_declarations(
-    broker: Broker, gateway_factory: Callable[..., RunningGateway], seed: int
+    broker: Broker, gateway_factory: Callable[..., RunningGateway], seed: int, queue_types: str
 ) -> None:
     management_url = _management_url(broker)
     rng = random.Random(seed)
@@ -107,22 +112,26 @@ def test_gateway_routes_like_rabbitmq_from_relayed_declarations(
         gateway = gateway_factory(**QUIET)
         url = amqp_url(gateway.url, vhost)
         with pika.BlockingConnection(pika.URLParameters(url)) as connection:
-            topology = build_random_topology(rng, connection.channel(), vhost=vhost)
+            topology = build_random_topology(
+                rng, connection.channel(), vhost=vhost, queue_types=QUEUE_TYPES[queue_types]
+            )
         messages = random_messages(rng, topology, MESSAGES_PER_TOPOLOGY)
 
         _compare(broker, gateway, topology, messages)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SNAPSHOT_SEEDS)
+@pytest.mark.parametrize(("seed", "queue_types"), SNAPSHOT)
 def test_gateway_routes_like_rabbitmq_from_a_management_snapshot_with_policies(
-    broker: Broker, gateway_factory: Callable[..., RunningGateway], seed: int
+    broker: Broker, gateway_factory: Callable[..., RunningGateway], seed: int, queue_types: str
 ) -> None:
     management_url = _management_url(broker)
     rng = random.Random(500 + seed)
     with scratch_vhost(management_url) as vhost:
         with pika.BlockingConnection(pika.URLParameters(amqp_url(broker.url, vhost))) as conn:
-            topology = build_random_topology(rng, conn.channel(), vhost=vhost)
+            topology = build_random_topology(
+                rng, conn.channel(), vhost=vhost, queue_types=QUEUE_TYPES[queue_types]
+            )
         apply_policies(management_url, topology, random_policies(rng, topology))
         gateway = gateway_factory(**QUIET)
         messages = random_messages(rng, topology, MESSAGES_PER_TOPOLOGY)

@@ -87,7 +87,8 @@ class _Producer:
 
 def _over(ts: int, vhost: str, queue: str, size: int, cap: int, msgs: int, mcap: int) -> str:
     return (
-        f'{{"ts": "{_ts(ts)}", "code": "QUE-1003", "subject": {_q(f"[vh({vhost})/qu({queue})]")}, '
+        f'{{"ts": "{_ts(ts)}", "code": "QUE-1003", '
+        f'"subject": {_q(f"[vh({_vpath(vhost)})/qu({queue})]")}, '
         f'"message": "Overfull : Size : {size:,} bytes, Capacity : {cap:,}, Messages : {msgs:,}, '
         f'Message Capacity : {mcap:,}", "vhost": {_q(vhost)}, "queue": {_q(queue)}, '
         f'"size": {size}, "capacity": {cap}, "messages": {msgs}, "message_capacity": {mcap}}}'
@@ -96,7 +97,8 @@ def _over(ts: int, vhost: str, queue: str, size: int, cap: int, msgs: int, mcap:
 
 def _under(ts: int, vhost: str, queue: str, size: int, rcap: int, msgs: int, mcap: int) -> str:
     return (
-        f'{{"ts": "{_ts(ts)}", "code": "QUE-1004", "subject": {_q(f"[vh({vhost})/qu({queue})]")}, '
+        f'{{"ts": "{_ts(ts)}", "code": "QUE-1004", '
+        f'"subject": {_q(f"[vh({_vpath(vhost)})/qu({queue})]")}, '
         f'"message": "Underfull : Size : {size:,} bytes, Resume Capacity : {rcap:,}, '
         f'Messages : {msgs:,}, Message Capacity : {mcap:,}", "vhost": {_q(vhost)}, '
         f'"queue": {_q(queue)}, "size": {size}, "resume_capacity": {rcap}, "messages": {msgs}, '
@@ -119,7 +121,8 @@ def _channel(ts: int, code: str, message: str, vhost: str, p: _Producer, queue: 
 
 def _store(ts: int, code: str, message: str, vhost: str, size: int, over: int, under: int) -> str:
     return (
-        f'{{"ts": "{_ts(ts)}", "code": "{code}", "subject": {_q(f"[vh({vhost})/ms(RabbitMQ)]")}, '
+        f'{{"ts": "{_ts(ts)}", "code": "{code}", '
+        f'"subject": {_q(f"[vh({_vpath(vhost)})/ms(RabbitMQ)]")}, '
         f'"message": "{message}", "vhost": {_q(vhost)}, "store": "RabbitMQ", "size": {size}, '
         f'"overfull_size": {over}, "underfull_size": {under}}}'
     )

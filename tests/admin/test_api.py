@@ -31,7 +31,9 @@ async def test_stop_producers_without_a_body_stops_everything(
 ) -> None:
     service = make_service()
     async with serve(service) as client:
-        response = await client.post("/api/producers/stop")
+        response = await client.post(
+            "/api/producers/stop", headers={"Content-Type": "application/json"}
+        )
 
     assert response.status == 200
     assert service.gateway.admin_stops() == [{"vhost": None, "queue": None}]

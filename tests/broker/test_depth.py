@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rabbitflow_broker.depth import ChannelDeliveries, Delivery, DepthTracker
+from rabbitflow_broker.depth_source import DepthSources, QueueType, Reading, queue_type
 
 KEY = ("/", "q")
 
@@ -92,3 +95,77 @@ def test_requeue_forgets_deliveries() -> None:
     deliveries.delivered(1, "q", 1)
     deliveries.requeue_all()
     assert len(deliveries) == 0
+
+
+# -- depth sources per queue type ------------------------------------------------
+
+KEY = ("/", "q")
+
+
+def _sources() -> DepthSources:
+    return DepthSources(interval=1.0, stats_settle=12.0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "listed", "kind"),
+    [
+        ({}, "quorum", QueueType.QUORUM),
+        ({"x-queue-type": "stream"}, None, QueueType.STREAM),
+        ({"x-queue-type": b"quorum"}, None, QueueType.QUORUM),
+        (None, None, QueueType.CLASSIC),
+        ({}, "some-future-type", QueueType.CLASSIC),
+    ],
+)
+def test_queue_type_comes_from_the_listing_else_the_arguments(
+    arguments: dict[str, object] | None, listed: object, kind: QueueType
+) -> None:
+    assert queue_type(arguments, listed) is kind
+
+
+@pytest.mark.parametrize("totals", [0, None])
+def test_quorum_count_from_the_totals_listing_is_never_adopted(totals: object) -> None:
+    sources = _sources()
+    for _ in range(5):
+        got = sources.readings(
+            KEY, QueueType.QUORUM, totals=totals, stats=None, seen_version=3, initial=True
+        )
+        assert got == []
+
+
+def test_quorum_count_from_the_statistics_is_adopted_after_a_second_report() -> None:
+    sources = _sources()
+    poll = {"totals": 0, "stats": (150, 1500), "seen_version": 3}
+    assert sources.readings(KEY, QueueType.QUORUM, **poll) == []  # type: ignore[arg-type]
+    assert sources.readings(KEY, QueueType.QUORUM, **poll) == [  # type: ignore[arg-type]
+        Reading(150, 1500, 12.0, "statistics")
+    ]
+
+
+def test_stream_count_comes_from_the_statistics_like_a_quorum_queue() -> None:
+    sources = _sources()
+    got = sources.readings(
+        KEY, QueueType.STREAM, totals=0, stats=(7, 70), seen_version=0, initial=True
+    )
+    assert got == [Reading(7, 70, 12.0, "statistics")]
+
+
+def test_gateway_change_between_reports_defers_adoption() -> None:
+    sources = _sources()
+    sources.readings(KEY, QueueType.QUORUM, totals=None, stats=(5, 50), seen_version=1)
+    got = sources.readings(KEY, QueueType.QUORUM, totals=None, stats=(5, 50), seen_version=2)
+    assert got == []
+
+
+def test_classic_totals_are_adopted_after_one_interval_and_bytes_after_the_settle() -> None:
+    sources = _sources()
+    assert sources.readings(KEY, QueueType.CLASSIC, totals=4, stats=(4, 40), seen_version=0) == []
+    got = sources.readings(KEY, QueueType.CLASSIC, totals=4, stats=(4, 40), seen_version=0)
+    assert got == [Reading(4, None, 1.0, "totals"), Reading(4, 40, 12.0, "statistics")]
+
+
+def test_classic_bytes_are_not_taken_from_statistics_of_another_count() -> None:
+    sources = _sources()
+    got = sources.readings(
+        KEY, QueueType.CLASSIC, totals=4, stats=(3, 30), seen_version=0, initial=True
+    )
+    assert got == [Reading(4, None, 1.0, "totals")]

@@ -16,7 +16,9 @@ from rabbitflow_broker.flow import (
     ThresholdError,
     Thresholds,
     default_thresholds,
+    derived_resume,
     thresholds_from_arguments,
+    with_derived_resume,
 )
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
@@ -234,3 +236,76 @@ def test_no_limit_and_zero_default_limit_means_none() -> None:
 
 def test_zero_percentages_disable_defaults() -> None:
     assert _defaults({"x-max-length": 10, "x-overflow": "reject-publish"}, stop=0, resume=0) is None
+
+
+def test_qpid_max_count_is_a_maximum_without_x_overflow() -> None:
+    assert _defaults({"qpid.max_count": 1000}) == Thresholds(stop_count=800, resume_count=700)
+
+
+def test_qpid_max_size_is_a_byte_maximum_without_x_overflow() -> None:
+    assert _defaults({"qpid.max_size": 10_000}) == Thresholds(stop_size=8000, resume_size=7000)
+
+
+def test_lower_of_qpid_max_count_and_x_max_length_wins() -> None:
+    got = _defaults({"qpid.max_count": 100, "x-max-length": 1000, "x-overflow": "reject-publish"})
+    assert got == Thresholds(stop_count=80, resume_count=70)
+
+
+def test_qpid_max_count_beside_an_x_max_length_without_overflow_is_drop_head() -> None:
+    # RabbitMQ enforces its own maximum by dropping the head: a ring.
+    assert _defaults({"qpid.max_count": 100, "x-max-length": 1000}) is None
+
+
+@pytest.mark.parametrize("policy_type", ["ring", b"ring", "ring_strict"])
+def test_qpid_ring_policy_has_no_defaults(policy_type: object) -> None:
+    assert _defaults({"qpid.max_count": 1000, "qpid.policy_type": policy_type}) is None
+
+
+def test_qpid_ring_policy_without_a_maximum_has_no_defaults() -> None:
+    assert _defaults({"qpid.policy_type": "ring"}, limit=10_000) is None
+
+
+def test_qpid_reject_policy_keeps_defaults() -> None:
+    got = _defaults({"qpid.max_count": 1000, "qpid.policy_type": "reject"})
+    assert got == Thresholds(stop_count=800, resume_count=700)
+
+
+@pytest.mark.parametrize("queue_type", ["stream", b"stream"])
+def test_stream_has_no_defaults(queue_type: object) -> None:
+    assert _defaults({"x-queue-type": queue_type, "x-max-length-bytes": 10_000}) is None
+
+
+def test_quorum_queue_has_defaults_like_a_classic_one() -> None:
+    got = _defaults({"x-queue-type": "quorum"}, limit=10_000)
+    assert got == Thresholds(stop_size=8000, resume_size=7000)
+
+
+def test_flow_argument_on_a_stream_is_refused_naming_it() -> None:
+    with pytest.raises(ThresholdError, match=r"^qpid\.flow_resume_count: .*stream") as caught:
+        thresholds_from_arguments({"x-queue-type": "stream", "qpid.flow_resume_count": 0})
+    assert caught.value.argument == "qpid.flow_resume_count"
+
+
+def test_explicit_resume_zero_is_derived_like_an_absent_one() -> None:
+    got = thresholds_from_arguments({"qpid.flow_stop_count": 80, "qpid.flow_resume_count": 0})
+    assert got == Thresholds(stop_count=80, resume_count=70)
+
+
+def test_zero_resume_percentage_derives_resume_at_the_default_ratio() -> None:
+    got = _defaults({"x-max-length": 1000, "x-overflow": "reject-publish"}, resume=0)
+    assert got == Thresholds(stop_count=800, resume_count=700)
+
+
+@pytest.mark.parametrize(
+    ("stop", "stop_pct", "resume_pct", "resume"),
+    [(0, 80, 70, 0), (1, 80, 70, 1), (1000, 80, 70, 875), (1000, 0, 0, 875), (10, 90, 90, 10)],
+)
+def test_derived_resume_is_between_one_and_stop(
+    stop: int, stop_pct: int, resume_pct: int, resume: int
+) -> None:
+    assert derived_resume(stop, stop_pct=stop_pct, resume_pct=resume_pct) == resume
+
+
+def test_with_derived_resume_keeps_set_resume_values() -> None:
+    kept = Thresholds(stop_count=10, resume_count=2, stop_size=100, resume_size=3)
+    assert with_derived_resume(kept, stop_pct=80, resume_pct=70) is kept

@@ -10,7 +10,7 @@ import pytest
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ALL_QUEUES, Event, QueueOverfull, QueueUnderfull
-from rabbitflow_broker.flow import ThresholdError
+from rabbitflow_broker.flow import ARGUMENT_NAMES, ThresholdError, Thresholds
 from rabbitflow_broker.gateway import BlockedChannel, Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -181,3 +181,187 @@ def test_snapshot_json_has_admin_keys() -> None:
         "flowStoppedSeconds",
         "blockedChannels",
     }
+
+
+# -- no setting leaves an empty queue ON ---------------------------------------
+#
+# Every combination of stop and resume values, each absent, 0 or set, in both
+# dimensions, through every source of thresholds: the queue is filled past
+# whatever stop value it ended up with, then emptied, and must be OFF.
+
+_ABSENT = None
+_COUNT_VALUES = (_ABSENT, 0, 10)  # stop candidates; resume candidates below
+_RESUME_COUNT_VALUES = (_ABSENT, 0, 5)
+_SIZE_VALUES = (_ABSENT, 0, 1000)
+_RESUME_SIZE_VALUES = (_ABSENT, 0, 500)
+_COMBINATIONS = [
+    (stop_count, resume_count, stop_size, resume_size)
+    for stop_count in _COUNT_VALUES
+    for resume_count in _RESUME_COUNT_VALUES
+    for stop_size in _SIZE_VALUES
+    for resume_size in _RESUME_SIZE_VALUES
+]
+
+
+def _given(values: tuple[int | None, ...], names: tuple[str, ...]) -> dict[str, object]:
+    return {name: value for name, value in zip(names, values, strict=True) if value is not None}
+
+
+def _resume_above_stop(values: tuple[int | None, ...]) -> bool:
+    stop_count, resume_count, stop_size, resume_size = (v or 0 for v in values)
+    return resume_count > stop_count or resume_size > stop_size
+
+
+def _fill_past_stop_then_empty(gateway: Gateway, queue: str) -> tuple[bool, bool]:
+    """Fill past the queue's stop values, then remove everything.
+
+    Returns (stopped when full, stopped when empty).
+    """
+    thresholds = gateway.flow(("/", queue)).thresholds
+    messages = thresholds.stop_count + 1
+    size = thresholds.stop_size // messages + 1
+    for _ in range(messages):
+        gateway.published("/", frozenset({queue}), size)
+    full = gateway.is_blocked("/", queue)
+    gateway.removed("/", queue, messages, messages * size)
+    assert gateway.depth.get(("/", queue)).messages == 0
+    return full, gateway.is_blocked("/", queue)
+
+
+@pytest.mark.parametrize("values", _COMBINATIONS)
+def test_declared_thresholds_never_leave_an_empty_queue_on(
+    values: tuple[int | None, ...],
+) -> None:
+    gateway, _ = _gateway(default_queue_limit=0)
+    arguments = _given(values, ARGUMENT_NAMES)
+    if _resume_above_stop(values):
+        # Refused outright; nothing is declared.
+        with pytest.raises(ThresholdError, match="above the stop value"):
+            gateway.validate_declare(arguments)
+        return
+    gateway.validate_declare(arguments)
+    gateway.queue_declared("/", "q", arguments)
+    thresholds = gateway.flow(("/", "q")).thresholds
+    full, empty = _fill_past_stop_then_empty(gateway, "q")
+    assert full is thresholds.enabled
+    assert empty is False
+
+
+@pytest.mark.parametrize("values", _COMBINATIONS)
+def test_runtime_thresholds_never_leave_an_empty_queue_on(
+    values: tuple[int | None, ...],
+) -> None:
+    gateway, _ = _gateway()
+    # Start from defaults in both dimensions, so a value left out keeps one.
+    maxima = {"x-max-length": 100, "x-max-length-bytes": 10_000, "x-overflow": "reject-publish"}
+    gateway.queue_declared("/", "q", maxima)
+    changes = _given(values, ("flowStopCount", "flowResumeCount", "flowStopSize", "flowResumeSize"))
+    stop_count, resume_count, stop_size, resume_size = values
+    # A stop value left out keeps the default one (80 messages, 8,000 bytes).
+    kept = (80 if stop_count is None else stop_count, resume_count)
+    kept += (8000 if stop_size is None else stop_size, resume_size)
+    if _resume_above_stop(kept):
+        with pytest.raises(ThresholdError, match="above the stop value"):
+            gateway.set_runtime_thresholds("/", "q", changes)
+        return
+    if changes:
+        gateway.set_runtime_thresholds("/", "q", changes)
+    thresholds = gateway.flow(("/", "q")).thresholds
+    full, empty = _fill_past_stop_then_empty(gateway, "q")
+    assert full is thresholds.enabled
+    assert empty is False
+
+
+@pytest.mark.parametrize(
+    "values", [v for v in _COMBINATIONS if None not in v], ids=lambda v: "-".join(map(str, v))
+)
+def test_stored_thresholds_never_leave_an_empty_queue_on(values: tuple[int, ...]) -> None:
+    stop_count, resume_count, stop_size, resume_size = values
+    if resume_count > stop_count or resume_size > stop_size:
+        return  # cannot be stored: Thresholds refuses it
+    gateway, _ = _gateway(default_queue_limit=0)
+    gateway.load_runtime_thresholds(
+        {
+            ("/", "q"): Thresholds(
+                stop_count=stop_count,
+                resume_count=resume_count,
+                stop_size=stop_size,
+                resume_size=resume_size,
+            )
+        }
+    )
+    gateway.queue_declared("/", "q", None)
+    full, empty = _fill_past_stop_then_empty(gateway, "q")
+    assert full is bool(stop_count or stop_size)
+    assert empty is False
+
+
+_MAXIMA = [
+    {},
+    {"x-max-length": 1},
+    {"x-max-length": 10},
+    {"x-max-length-bytes": 1000},
+    {"x-max-length": 10, "x-max-length-bytes": 1000},
+    {"qpid.max_count": 10},
+    {"qpid.max_size": 1000},
+]
+
+
+@pytest.mark.parametrize("maximum", _MAXIMA, ids=lambda m: ",".join(m) or "default-limit")
+@pytest.mark.parametrize(("stop_pct", "resume_pct"), [(80, 70), (80, 0), (1, 1), (0, 0)])
+def test_default_thresholds_never_leave_an_empty_queue_on(
+    maximum: dict[str, int], stop_pct: int, resume_pct: int
+) -> None:
+    gateway, _ = _gateway(
+        default_queue_limit=1000,
+        default_flow_stop_threshold=stop_pct,
+        default_flow_resume_threshold=resume_pct,
+    )
+    gateway.queue_declared("/", "q", {**maximum, "x-overflow": "reject-publish"})
+    thresholds = gateway.flow(("/", "q")).thresholds
+    full, empty = _fill_past_stop_then_empty(gateway, "q")
+    assert full is thresholds.enabled
+    assert empty is False
+
+
+def test_default_resume_percentage_zero_derives_resume_from_stop() -> None:
+    gateway, _ = _gateway(default_flow_stop_threshold=80, default_flow_resume_threshold=0)
+    gateway.queue_declared("/", "q", {"x-max-length": 1000, "x-overflow": "reject-publish"})
+    thresholds = gateway.flow(("/", "q")).thresholds
+    assert (thresholds.stop_count, thresholds.resume_count) == (800, 700)
+
+
+def test_runtime_resume_zero_is_derived_from_the_stop_value() -> None:
+    gateway, _ = _gateway()
+    gateway.queue_declared("/", "q", None)
+    thresholds = gateway.set_runtime_thresholds(
+        "/", "q", {"flowStopCount": 80, "flowResumeCount": 0}
+    )
+    assert (thresholds.stop_count, thresholds.resume_count) == (80, 70)
+
+
+def test_runtime_stop_on_a_queue_without_count_thresholds_gets_a_resume() -> None:
+    gateway, _ = _gateway()
+    gateway.queue_declared("/", "q", None)  # default size thresholds only
+    thresholds = gateway.set_runtime_thresholds("/", "q", {"flowStopCount": 5})
+    assert thresholds.resume_count == 4
+
+
+def test_runtime_thresholds_on_a_stream_are_refused() -> None:
+    gateway, _ = _gateway()
+    gateway.queue_declared("/", "s", {"x-queue-type": "stream"})
+    with pytest.raises(ThresholdError, match=r"flowStopCount: .*stream"):
+        gateway.set_runtime_thresholds("/", "s", {"flowStopCount": 5})
+
+
+def test_stream_declare_with_flow_argument_is_refused_naming_it() -> None:
+    gateway, _ = _gateway()
+    with pytest.raises(ThresholdError) as caught:
+        gateway.validate_declare({"x-queue-type": "stream", "qpid.flow_stop_size": 10})
+    assert caught.value.argument == "qpid.flow_stop_size"
+
+
+def test_stream_gets_no_default_thresholds() -> None:
+    gateway, _ = _gateway(default_queue_limit=10_000)
+    gateway.queue_declared("/", "s", {"x-queue-type": "stream"})
+    assert gateway.snapshot("/", "s").source == "none"

@@ -34,7 +34,7 @@ def test_size_above_overfull_emits_mst_1008() -> None:
     )
     assert (
         event.line()
-        == "[vh(vh)/ms(RabbitMQ)] MST-1008 : Store overfull, flow control will be enforced"
+        == "[vh(/vh)/ms(RabbitMQ)] MST-1008 : Store overfull, flow control will be enforced"
     )
     assert quota.overfull
 
@@ -119,7 +119,7 @@ def test_snapshot_reports_source_time_and_count() -> None:
         "disk",
         1,
     )
-    assert snap.updated_at == NOW.isoformat()
+    assert snap.updated_at == "2026-01-01T00:00:00.000Z"
     assert snap.to_json()["overfullSize"] == 1000
 
 

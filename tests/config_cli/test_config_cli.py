@@ -275,3 +275,22 @@ def test_help_prints_usage_and_exits_0(
     assert main([*command, "--help"], environ={}) == 0
 
     assert capsys.readouterr().out.startswith("usage: rabbitflow-config")
+
+
+@pytest.mark.parametrize("command", ["stop-producers", "start-producers"])
+def test_producer_commands_help_says_vhost_defaults_to_every_vhost(
+    admin: FakeAdmin, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    assert run(admin, command, "--help") == 0
+
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: every vhost)" in help_text
+    assert 'default "/"' not in help_text
+
+
+def test_stop_producers_without_vhost_posts_no_vhost(admin: FakeAdmin) -> None:
+    admin.answer("POST", "/api/producers/stop", {"stopped": True})
+
+    assert run(admin, "stop-producers") == 0
+
+    assert admin.requests[0].body == {}

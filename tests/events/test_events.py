@@ -163,3 +163,37 @@ def test_unknown_code_is_refused() -> None:
 def test_missing_field_is_named() -> None:
     with pytest.raises(ValueError, match="lacks field 'queue'"):
         event_from_record({"code": "QUE-1003", "ts": "2026-11-22T05:00:00Z", "vhost": "/"})
+
+
+def test_named_vhost_is_spelt_with_a_slash_in_queue_subjects() -> None:
+    event = QueueUnderfull(
+        ts=TS,
+        vhost="billing",
+        queue="orders",
+        size=0,
+        resume_capacity=0,
+        messages=0,
+        message_capacity=5,
+    )
+    assert event.subject == "[vh(/billing)/qu(orders)]"
+    assert event.to_record()["vhost"] == "billing"
+
+
+def test_named_vhost_is_spelt_with_a_slash_in_store_subjects() -> None:
+    event = StoreOverfull(ts=TS, vhost="billing", size=2, overfull_size=1, underfull_size=1)
+    assert event.subject == "[vh(/billing)/ms(RabbitMQ)]"
+
+
+def test_queue_and_channel_subjects_spell_a_named_vhost_alike() -> None:
+    queue = QueueOverfull(
+        ts=TS,
+        vhost="billing",
+        queue="orders",
+        size=0,
+        capacity=0,
+        messages=6,
+        message_capacity=5,
+    )
+    channel = ChannelFlowRemoved(**{**CHANNEL, "vhost": "billing"})
+    assert queue.subject.startswith("[vh(/billing)/")
+    assert channel.subject == "[con:7(guest@127.0.0.1:50514/billing)/ch:1]"

@@ -29,9 +29,10 @@ function queuePath(vhost, name) {
 
 async function api(method, path, body) {
   const options = { method, headers: { Accept: "application/json" }, credentials: "same-origin" };
-  if (body !== undefined) {
+  if (body !== undefined || method !== "GET") {
+    // The API refuses a change without a JSON body type (a forged form post cannot set it).
     options.headers["Content-Type"] = "application/json";
-    options.body = JSON.stringify(body);
+    options.body = JSON.stringify(body === undefined ? {} : body);
   }
   const response = await fetch(path, options);
   const data = await response.json().catch(() => null);
