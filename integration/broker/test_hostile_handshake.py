@@ -160,18 +160,18 @@ def _hold_partial_frames(port: int, count: int, deadline: float) -> list[socket.
         selector.register(sock, selectors.EVENT_WRITE)
     while pending and time.monotonic() < deadline:
         for key, _events in selector.select(timeout=0.2):
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
+            ready = key.fileobj
+            assert isinstance(ready, socket.socket)
             try:
-                sent = sock.send(pending[sock][:262_144])
+                sent = ready.send(pending[ready][:262_144])
             except BlockingIOError:
                 continue
             except OSError:
-                sent = len(pending[sock])  # closed by the gateway: nothing more to send
-            pending[sock] = pending[sock][sent:]
-            if not pending[sock]:
-                del pending[sock]
-                selector.unregister(sock)
+                sent = len(pending[ready])  # closed by the gateway: nothing more to send
+            pending[ready] = pending[ready][sent:]
+            if not pending[ready]:
+                del pending[ready]
+                selector.unregister(ready)
     selector.close()
     return sockets
 

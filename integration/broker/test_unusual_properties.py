@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -172,8 +173,6 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 def _expect(connection: RawConnection, wanted: tuple[int, int]) -> None:
-    import time
-
     connection.expect_method(wanted, time.monotonic() + 10)
 
 
@@ -242,7 +241,9 @@ def _run_path(host: str, port: int, names: dict[str, bytes], case: Case, target:
 
 
 @pytest.fixture
-def declared(broker: Broker, unique_name: Callable[[str], str]) -> Callable[[], dict[str, bytes]]:
+def declared(
+    broker: Broker, unique_name: Callable[[str], str]
+) -> Iterator[Callable[[], dict[str, bytes]]]:
     """Fresh queue and exchange names per path; deleted (directly) after the test."""
     made: list[dict[str, bytes]] = []
 
@@ -251,7 +252,7 @@ def declared(broker: Broker, unique_name: Callable[[str], str]) -> Callable[[], 
         made.append(names)
         return names
 
-    yield make  # type: ignore[misc]
+    yield make
     connection = broker.blocking_connection()
     try:
         for names in made:
