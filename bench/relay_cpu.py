@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/relay_cpu.py [--messages 200000] [--profile FILE]
 
-Feeds a :class:`~rabbitflow_broker.relay.Relay` the exact bytes a pika
-client and RabbitMQ exchange, in 64 KiB-ish chunks as a socket would
-deliver them, and times the relay's synchronous work (frame splitting,
+Feeds a connection :class:`~rabbitflow_broker.engine.Engine` the exact
+bytes a pika client and RabbitMQ exchange, in 64 KiB-ish chunks as a socket would
+deliver them, and times the engine's work (frame splitting,
 routing, depth tracking, confirm bookkeeping) for each workload:
 
 * ``publish 256B``: Basic.Publish + header + 256-byte body, no confirms;
@@ -40,38 +40,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.engine import Engine
 from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
-from rabbitflow_broker.relay import Relay
 
 QUEUE = "bench"
 NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
 CHUNK_MESSAGES = 200
-
-
-class _Sink:
-    """A writer that only counts bytes."""
-
-    def __init__(self) -> None:
-        self.size = 0
-
-    def write(self, data: bytes) -> None:
-        self.size += len(data)
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def is_closing(self) -> bool:
-        return False
-
-    async def wait_closed(self) -> None:
-        return None
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 1) if name == "peername" else None
 
 
 def _frame(channel: int, value: Any) -> bytes:
@@ -85,31 +60,35 @@ def _content(channel: int, method: Any, body: bytes) -> bytes:
     return _frame(channel, method) + _frame(channel, header) + _frame(channel, ContentBody(body))
 
 
-def _relay() -> tuple[Relay, Gateway]:
+def _relay() -> tuple[Engine, Gateway]:
     gateway = Gateway(GatewayConfig(), sink=lambda event: None)
     gateway.routing.declare_queue("/", QUEUE, NO_FLOW)
     gateway.queue_declared("/", QUEUE, NO_FLOW)
-    relay = Relay(gateway)
-    relay._client = _Sink()  # type: ignore[assignment]
-    relay._upstream = _Sink()  # type: ignore[assignment]
-    return relay, gateway
+    engine = Engine(gateway, number=1)
+    engine.start(0.0)
+    engine.upstream_connected(0.0)
+    return engine, gateway
 
 
-def _client(relay: Relay, data: bytes) -> None:
-    relay._client_chunk(data)
+def _client(engine: Engine, data: bytes) -> None:
+    engine.receive_client(data, 1.0)
 
 
-def _upstream(relay: Relay, data: bytes) -> None:
-    relay._upstream_chunk(data)
+def _upstream(engine: Engine, data: bytes) -> None:
+    engine.receive_upstream(data, 1.0)
 
 
-def _setup(relay: Relay, *, confirm: bool, consume: bool) -> None:
-    _client(relay, PROTOCOL_HEADER + _frame(1, commands.Channel.Open()))
+def _setup(engine: Engine, *, confirm: bool, consume: bool) -> None:
+    _client(engine, PROTOCOL_HEADER)
+    _upstream(engine, _frame(0, commands.Connection.Tune(frame_max=131072)))
+    _client(engine, _frame(0, commands.Connection.TuneOk(frame_max=131072)))
+    _upstream(engine, _frame(0, commands.Connection.OpenOk()))
+    _client(engine, _frame(1, commands.Channel.Open()))
     if confirm:
-        _client(relay, _frame(1, commands.Confirm.Select()))
+        _client(engine, _frame(1, commands.Confirm.Select()))
     if consume:
-        _client(relay, _frame(1, commands.Basic.Consume(queue=QUEUE, consumer_tag="ctag")))
-        _upstream(relay, _frame(1, commands.Basic.ConsumeOk(consumer_tag="ctag")))
+        _client(engine, _frame(1, commands.Basic.Consume(queue=QUEUE, consumer_tag="ctag")))
+        _upstream(engine, _frame(1, commands.Basic.ConsumeOk(consumer_tag="ctag")))
 
 
 def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]]:

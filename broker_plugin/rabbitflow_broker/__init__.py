@@ -3,9 +3,23 @@
 Run it with ``rabbitflow-broker`` or embed it with :class:`GatewayService`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
-from rabbitflow_broker.service import GatewayService
+
+if TYPE_CHECKING:
+    from rabbitflow_broker.service import GatewayService
 
 __version__ = "0.1.0"
 
 __all__ = ["ConfigError", "GatewayConfig", "GatewayService", "__version__", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    # The service (asyncio, aiohttp) loads on first use, so the pure modules
+    # (the connection engine above all) import without an event loop library.
+    if name == "GatewayService":
+        from rabbitflow_broker.service import GatewayService
+
+        return GatewayService
+    raise AttributeError(f"module 'rabbitflow_broker' has no attribute {name!r}")

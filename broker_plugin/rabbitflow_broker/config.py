@@ -60,6 +60,7 @@ class GatewayConfig:
     store_overfull_size: int = 0
     store_underfull_size: int = 0
     flow_enforcement_timeout: int = 5000
+    handshake_timeout: int = 10_000
     event_log: str | None = None
     log_format: Literal["console", "json"] = "console"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -98,6 +99,7 @@ class GatewayConfig:
             "store_overfull_size",
             "store_underfull_size",
             "flow_enforcement_timeout",
+            "handshake_timeout",
             "reconcile_interval",
             "routing_refresh_interval",
             "store_poll_interval",
@@ -283,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         "store_overfull_size": "vhost store bytes that block all producers (0 = off)",
         "store_underfull_size": "vhost store bytes under which producers resume (0 = off)",
         "flow_enforcement_timeout": "ms a flowed channel may keep publishing (5000)",
+        "handshake_timeout": "ms a client may take to log in and open its connection "
+        "(10000; 0 = no limit)",
         "event_log": "append events as JSON lines to this file",
         "log_format": "console or json (default console)",
         "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",

@@ -48,6 +48,11 @@ class ConfirmTracker:
         """How many confirms are held from the client."""
         return len(self._held)
 
+    @property
+    def outstanding(self) -> int:
+        """How many publishes the client still waits to have confirmed."""
+        return len(self._outstanding)
+
     def held_routes(self) -> Iterable[Route]:
         """Routes of the held confirms."""
         return self._held.values()

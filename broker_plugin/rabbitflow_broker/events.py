@@ -24,10 +24,13 @@ from typing import Any, ClassVar, get_type_hints
 __all__ = [
     "ALL_QUEUES",
     "EVENT_TYPES",
+    "ChannelClosed",
     "ChannelEvent",
     "ChannelFlowEnforced",
     "ChannelFlowIgnored",
     "ChannelFlowRemoved",
+    "ConnectionClosed",
+    "ConnectionEvent",
     "Event",
     "QueueEvent",
     "QueueOverfull",
@@ -207,6 +210,45 @@ class ChannelFlowIgnored(ChannelEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChannelClosed(ChannelEvent):
+    """CHN-1003: a channel that was ever flowed closed, for any reason."""
+
+    code: ClassVar[str] = "CHN-1003"
+
+    @property
+    def message(self) -> str:
+        return "Close"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionEvent(Event):
+    """An event about one client connection of the gateway."""
+
+    connection: int  # the gateway's connection number
+    user: str
+    remote_host: str
+    remote_port: int
+
+    @property
+    def subject(self) -> str:
+        return (
+            f"[con:{self.connection}({self.user}@{self.remote_host}:{self.remote_port}"
+            f"{_vhost_path(self.vhost)})]"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionClosed(ConnectionEvent):
+    """CON-1002: a client connection that had logged in closed."""
+
+    code: ClassVar[str] = "CON-1002"
+
+    @property
+    def message(self) -> str:
+        return "Close"
+
+
+@dataclass(frozen=True, kw_only=True)
 class StoreEvent(Event):
     """An event about a virtual host's message store."""
 
@@ -251,6 +293,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ChannelFlowEnforced,
         ChannelFlowRemoved,
         ChannelFlowIgnored,
+        ChannelClosed,
+        ConnectionClosed,
         StoreOverfull,
         StoreUnderfull,
     )

@@ -2,10 +2,12 @@
 
 :class:`Gateway` owns the routing table, the depth of every queue, the
 per-queue threshold machines, the runtime thresholds and the event sink.
-Relays (one per client connection) report what they relay; the gateway
-updates depth, runs the machines, emits events and, when something stops
-blocking, asks every relay to re-check its held confirms and flowed
-channels (:meth:`Connection.refresh`).
+Connections (one engine and driver per client connection) report what they
+relay; the gateway updates depth, runs the machines, emits events and, when
+something stops blocking, tells every connection so
+(:meth:`Connection.refresh`): the connection's driver only schedules a
+re-check of its held confirms and flowed channels, it never runs one while
+the gateway is in the middle of a change.
 
 Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
 blocked while its flow is ON, while an administrator stopped its producers
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from rabbitflow_broker import mirror
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth import DepthTracker, QueueKey
 from rabbitflow_broker.events import ALL_QUEUES, Event
@@ -40,7 +43,8 @@ from rabbitflow_broker.flow import (
     thresholds_from_arguments,
     with_derived_resume,
 )
-from rabbitflow_broker.routing import RoutingTable
+from rabbitflow_broker.frames import FrameError
+from rabbitflow_broker.routing import RoutingError, RoutingTable
 from rabbitflow_broker.store import StoreQuota, StoreSnapshot, StoreSource
 
 __all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
@@ -81,7 +85,8 @@ class Connection(Protocol):
     number: int
 
     def refresh(self) -> None:
-        """Re-check held confirms/commits and flowed channels against the gateway."""
+        """Blocking changed: schedule a re-check of held confirms/commits and
+        flowed channels (never re-enter the connection's engine from here)."""
 
     def held_confirms(self) -> int:
         """Confirms (and commit-oks) currently held from the client."""
@@ -192,6 +197,19 @@ class Gateway:
     def connections(self) -> list[Connection]:
         """Live relays."""
         return list(self._connections.values())
+
+    def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route:
+        """The queues a publish is enqueued on (empty when the mirror cannot tell)."""
+        try:
+            return self.routing.route(vhost, exchange, key, headers)
+        except (RoutingError, FrameError):
+            return frozenset()
+
+    def confirmed(
+        self, vhost: str, request: int, args: list[object], reply: Any, last_queue: str
+    ) -> None:
+        """RabbitMQ confirmed a client's request: follow it in the routing mirror."""
+        mirror.apply(self, vhost, request, args, reply, last_queue=last_queue)
 
     def emit(self, event: Event) -> None:
         """Send an event to the sink (console and event log)."""

@@ -132,6 +132,6 @@ def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTranspo
         return upstream
 
     client = FakeTransport()
-    relay = Relay(gateway, connect=connect)
+    relay = Relay(gateway, connector=connect)
     client.attach(relay)
     return relay, client, upstream

@@ -243,7 +243,7 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
         for n in (2, 3)
     ]
     await h.from_upstream(rest + b"".join(deliveries))  # depth back to 2: unflowed
-    assert not relay._channels[1].blockers
+    assert not relay.engine.channels[1].blockers
     assert _flows(bytes(client.data), 1) == [False, True]
     client.feed_eof()
     upstream.feed_eof()
@@ -285,7 +285,7 @@ async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> No
         return upstream
 
     client = _EagerTransport()
-    relay = Relay(gateway, connect=connect)
+    relay = Relay(gateway, connector=connect)
     client.attach(relay)
     first, second = PROTOCOL_HEADER, method(1, commands.Channel.Open())
     client.feed_data(first)

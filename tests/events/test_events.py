@@ -10,9 +10,11 @@ import pytest
 from rabbitflow_broker.events import (
     ALL_QUEUES,
     EVENT_TYPES,
+    ChannelClosed,
     ChannelFlowEnforced,
     ChannelFlowIgnored,
     ChannelFlowRemoved,
+    ConnectionClosed,
     QueueOverfull,
     QueueUnderfull,
     StoreOverfull,
@@ -124,6 +126,17 @@ def test_record_has_required_keys_and_subject_fields() -> None:
     json.dumps(record)  # JSON-able as is
 
 
+def test_channel_close_line_matches_broker_j() -> None:
+    assert (
+        ChannelClosed(**CHANNEL).line() == "[con:7(guest@127.0.0.1:50514/)/ch:1] CHN-1003 : Close"
+    )
+
+
+def test_connection_close_line_matches_broker_j() -> None:
+    event = ConnectionClosed(**{k: v for k, v in CHANNEL.items() if k != "channel"})
+    assert event.line() == "[con:7(guest@127.0.0.1:50514/)] CON-1002 : Close"
+
+
 @pytest.mark.parametrize("code", sorted(EVENT_TYPES))
 def test_every_record_round_trips(code: str) -> None:
     samples = {
@@ -136,6 +149,8 @@ def test_every_record_round_trips(code: str) -> None:
         "CHN-1005": ChannelFlowEnforced(**CHANNEL, queue="q"),
         "CHN-1006": ChannelFlowRemoved(**CHANNEL),
         "CHN-1012": ChannelFlowIgnored(**CHANNEL),
+        "CHN-1003": ChannelClosed(**CHANNEL),
+        "CON-1002": ConnectionClosed(**{k: v for k, v in CHANNEL.items() if k != "channel"}),
         "MST-1008": StoreOverfull(ts=TS, vhost="/", size=3, overfull_size=2, underfull_size=1),
         "MST-1009": StoreUnderfull(ts=TS, vhost="/", size=0, overfull_size=2, underfull_size=1),
     }

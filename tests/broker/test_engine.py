@@ -1,0 +1,282 @@
+"""The connection engine as plain calls on byte strings: no sockets, no event loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from pamqp import commands
+
+from rabbitflow_broker import engine as engine_module
+from rabbitflow_broker.engine import PAUSE_MESSAGES, PRE_LOGIN_BUFFER
+from rabbitflow_broker.frames import PROTOCOL_HEADER
+from tests.broker.engine_harness import deliver, method, publish, wire
+
+
+def test_importing_the_engine_imports_neither_asyncio_nor_socket() -> None:
+    code = (
+        "import sys, rabbitflow_broker.engine;"
+        "print(sorted({'asyncio', 'socket'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_whole_read_of_publishes_goes_upstream_as_the_same_bytes() -> None:
+    w = wire(stop_count=100)
+    raw = publish(1, "q") + publish(1, "q", b"y" * 300)
+    actions = w.client(raw)
+    assert actions.to_upstream == [raw]
+
+
+def test_publishes_split_across_reads_are_forwarded_unchanged() -> None:
+    w = wire(stop_count=100)
+    raw = publish(1, "q", b"a" * 1000) * 3
+    for start in range(0, len(raw), 7):
+        w.client(raw[start : start + 7])
+    assert bytes(w.to_upstream) == raw
+    assert w.gateway.depth.get(("/", "q")).messages == 3
+
+
+def test_client_flow_ok_is_not_forwarded() -> None:
+    w = wire()
+    w.client(method(1, commands.Channel.FlowOk(active=False)))
+    assert w.upstream_methods() == []
+
+
+def test_publish_over_stop_flows_the_channel_once() -> None:
+    w = wire()
+    w.client(publish(1, "q"), publish(1, "q"), publish(1, "q"))
+    flows = [m.active for _, m in w.client_methods() if isinstance(m, commands.Channel.Flow)]
+    assert flows == [False]
+    assert w.codes() == ["CHN-1005"]
+
+
+def test_held_confirms_are_split_from_a_multiple_ack_and_released_as_one() -> None:
+    w = wire(stop_count=1)
+    w.gateway.routing.declare_queue("/", "free", {})
+    w.client(method(1, commands.Confirm.Select()))
+    w.upstream(method(1, commands.Confirm.SelectOk()))
+    w.client(publish(1, "free"), publish(1, "free"), publish(1, "q"), publish(1, "q"))
+    w.client_methods()
+    w.upstream(method(1, commands.Basic.Ack(delivery_tag=1)))
+    assert [m.delivery_tag for _, m in w.client_methods()] == [1]
+    w.upstream(method(1, commands.Basic.Ack(delivery_tag=4, multiple=True)))
+    acks = [m for _, m in w.client_methods() if isinstance(m, commands.Basic.Ack)]
+    assert [(a.delivery_tag, a.multiple) for a in acks] == [(2, False)]
+    w.gateway.removed("/", "q", 2, 2)
+    w.refresh()
+    sent = [m for _, m in w.client_methods()]
+    assert [(a.delivery_tag, a.multiple) for a in sent if isinstance(a, commands.Basic.Ack)] == [
+        (4, True)
+    ]
+
+
+def test_flow_frames_wait_for_a_delivery_in_progress_on_their_channel() -> None:
+    w = wire()
+    w.client(method(1, commands.Basic.Consume(queue="q", consumer_tag="c", no_ack=True)))
+    w.upstream(method(1, commands.Basic.ConsumeOk("c")))
+    whole = deliver(1, "c", 1, b"0123456789")
+    w.to_client.clear()
+    w.upstream(whole[:-5])  # the body is not complete
+    w.to_client.clear()
+    w.client(publish(1, "q"), publish(1, "q"))  # flows channel 1
+    assert w.client_methods() == []
+    w.upstream(whole[-5:])
+    body_frame = whole[-18:]
+    assert bytes(w.to_client).startswith(body_frame)
+    flows = [m for _, m in w.client_methods() if isinstance(m, commands.Channel.Flow)]
+    assert [f.active for f in flows] == [False]
+
+
+def test_channels_are_flowed_and_unflowed_each_in_order() -> None:
+    w = wire()
+    w.open_channel(2)
+    w.client(publish(1, "q"), publish(1, "q"), publish(2, "q"))
+    w.gateway.removed("/", "q", 3, 3)
+    w.refresh()
+    flows = [(ch, m.active) for ch, m in w.client_methods() if isinstance(m, commands.Channel.Flow)]
+    assert flows == [(1, False), (2, False), (1, True), (2, True)]
+    assert w.codes() == ["CHN-1005", "CHN-1005", "CHN-1006", "CHN-1006"]
+
+
+def test_commit_ok_is_held_while_the_queue_is_full_and_kept_in_order() -> None:
+    w = wire()
+    w.client(method(1, commands.Tx.Select()))
+    w.upstream(method(1, commands.Tx.SelectOk()))
+    w.client(publish(1, "q"), publish(1, "q"), method(1, commands.Tx.Commit()))
+    w.client(method(1, commands.Tx.Commit()))
+    w.client_methods()
+    w.upstream(method(1, commands.Tx.CommitOk()), method(1, commands.Tx.CommitOk()))
+    assert not [m for _, m in w.client_methods() if isinstance(m, commands.Tx.CommitOk)]
+    assert w.engine.held_confirms() == 2
+    w.gateway.removed("/", "q", 2, 2)
+    w.refresh()
+    kinds = [type(m).__name__ for _, m in w.client_methods()]
+    assert kinds == ["CommitOk", "CommitOk", "Flow"]
+
+
+def test_publishing_past_the_enforcement_timeout_closes_only_the_channel() -> None:
+    w = wire(enforcement=1.0)
+    w.client(publish(1, "q"), publish(1, "q"))
+    w.client_methods()
+    w.now += 2.0
+    w.client(publish(1, "q"))
+    closes = [(ch, m) for ch, m in w.client_methods() if isinstance(m, commands.Channel.Close)]
+    assert [(ch, m.reply_code) for ch, m in closes] == [(1, 406)]
+    upstream = [(ch, m.reply_code) for ch, m in w.upstream_methods() if hasattr(m, "reply_code")]
+    assert upstream == [(1, 200)]
+    assert w.codes() == ["CHN-1005", "CHN-1012"]
+
+
+def test_a_flowed_channel_that_closes_logs_chn_1003() -> None:
+    w = wire()
+    w.client(publish(1, "q"), publish(1, "q"))
+    w.client(method(1, commands.Channel.Close(200, "bye", 0, 0)))
+    w.upstream(method(1, commands.Channel.CloseOk()))
+    assert w.codes() == ["CHN-1005", "CHN-1003"]
+
+
+def test_a_connection_that_ends_after_login_logs_con_1002() -> None:
+    w = wire()
+    w._take(w.engine.client_gone(w.now))
+    assert w.codes() == ["CON-1002"]
+
+
+def test_back_pressure_allowance_is_summed_over_the_connections_channels() -> None:
+    w = wire()
+    for number in range(2, 6):
+        w.open_channel(number)
+    w.client(publish(1, "q"))
+    actions = w.client(*(publish(1 + n % 5, "q") for n in range(PAUSE_MESSAGES + 10)))
+    assert not actions.read_client
+    assert actions.timer is not None
+
+
+def test_back_pressure_allowance_is_kept_across_channel_close_and_reopen() -> None:
+    w = wire(enforcement=None)
+    w.client(publish(1, "q"), publish(1, "q"))  # flowed
+    w.client(b"".join(publish(1, "q") for _ in range(PAUSE_MESSAGES - 10)))
+    w.client(method(1, commands.Channel.Close(200, "", 0, 0)))
+    w.upstream(method(1, commands.Channel.CloseOk()))
+    w.open_channel(1)
+    actions = w.client(b"".join(publish(1, "q") for _ in range(30)))
+    assert not actions.read_client
+
+
+def test_reads_resume_when_the_queue_drains() -> None:
+    w = wire(enforcement=None)
+    w.client(publish(1, "q"))
+    actions = w.client(b"".join(publish(1, "q") for _ in range(PAUSE_MESSAGES + 5)))
+    assert not actions.read_client
+    w.gateway.queue_deleted("/", "q")
+    assert w.refresh().read_client
+
+
+def test_a_repeat_offender_connection_is_closed_with_406() -> None:
+    w = wire(enforcement=1.0)
+    w.client(publish(1, "q"), publish(1, "q"))
+    w.now += 2.0
+    w.client(publish(1, "q"))  # CHN-1012, channel 1 closed
+    w.client(method(1, commands.Channel.CloseOk()))
+    w.upstream(method(1, commands.Channel.CloseOk()))
+    w.open_channel(1)
+    w.client(publish(1, "q"))  # flowed again
+    w.now += 2.0
+    w.to_client.clear()
+    w.client(publish(1, "q"))
+    ((_, close),) = [(c, m) for c, m in w.client_methods() if c == 0]
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 406
+
+
+def test_acked_deliveries_leave_the_queue_depth() -> None:
+    w = wire(stop_count=100)
+    w.client(publish(1, "q", b"abc"), publish(1, "q", b"defg"))
+    w.client(method(1, commands.Basic.Consume(queue="q", consumer_tag="c")))
+    w.upstream(method(1, commands.Basic.ConsumeOk("c")))
+    w.upstream(deliver(1, "c", 1, b"abc") + deliver(1, "c", 2, b"defg"))
+    w.client(method(1, commands.Basic.Ack(delivery_tag=2, multiple=True)))
+    depth = w.gateway.depth.get(("/", "q"))
+    assert (depth.messages, depth.bytes) == (0, 0)
+
+
+def test_a_frame_over_4096_bytes_before_tune_ok_is_closed_with_501() -> None:
+    w = wire(login=False)
+    w.client(PROTOCOL_HEADER)
+    w.upstream(method(0, commands.Connection.Start()))
+    w.to_client.clear()
+    actions = w.client(b"\x01\x00\x00\x00\x10\x00\x00")  # announces a 1 MiB frame
+    ((_, close),) = w.client_methods()
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 501
+    assert actions.close
+
+
+def test_reads_stop_at_64_kib_while_the_upstream_connection_opens() -> None:
+    w = wire(login=False, connected=False)
+    heartbeats = b"\x08\x00\x00\x00\x00\x00\x00\xce" * (PRE_LOGIN_BUFFER // 8)
+    actions = w.client(PROTOCOL_HEADER + heartbeats)
+    assert not actions.read_client
+
+
+def test_more_than_64_kib_buffered_before_login_is_refused() -> None:
+    w = wire(login=False, connected=False)
+    actions = w.client(b"\x00" * (PRE_LOGIN_BUFFER + 1))
+    assert actions.close or b"\x0a\x00\x32" in bytes(w.to_client)
+
+
+def test_the_handshake_timeout_closes_a_connection_that_never_logs_in() -> None:
+    w = wire(login=False, handshake=10.0)
+    w.client(PROTOCOL_HEADER[:4])
+    assert w.last is not None
+    assert w.last.timer == 110.0
+    w.tick(110.0)
+    ((_, close),) = w.client_methods()
+    assert isinstance(close, commands.Connection.Close)
+
+
+def test_start_ok_with_a_huge_client_properties_table_is_read_without_decoding_it() -> None:
+    entries = b"".join(b"\x01k" + b"t\x01" for _ in range(116_000))
+    table = len(entries).to_bytes(4, "big") + entries
+    args = table + b"\x05PLAIN" + (10).to_bytes(4, "big") + b"\x00bob\x00pass!" + b"\x05en_US"
+    payload = (10 << 16 | 11).to_bytes(4, "big") + args
+    frame = b"\x01\x00\x00" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    w = wire(login=False)
+    w.engine._client.max_frame = 1 << 24  # what the 4096 bound would refuse, read anyway
+    w.client(PROTOCOL_HEADER + frame)
+    assert w.engine.user == "bob"
+
+
+def test_a_channel_method_on_channel_0_before_open_is_closed_with_504() -> None:
+    w = wire(login=False)
+    w.client(PROTOCOL_HEADER)
+    w.client(method(0, commands.Basic.Qos()))
+    ((_, close),) = w.client_methods()
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 504
+
+
+def test_a_bad_frame_after_open_goes_to_rabbitmq_unchanged() -> None:
+    w = wire()
+    bad = b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00"
+    rest = publish(1, "q")
+    w.client(bad + rest)
+    assert bytes(w.to_upstream) == bad + rest
+    assert w.to_client == bytearray()
+
+
+def test_upstream_refusal_reaches_the_client_as_320_with_the_cause() -> None:
+    w = wire(login=False)
+    w._take(w.engine.upstream_failed(w.now, "upstream unreachable: connection refused"))
+    ((_, close),) = w.client_methods()
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 320
+    assert "upstream unreachable: connection refused" in close.reply_text
+
+
+def test_the_engine_module_defines_its_limits() -> None:
+    assert engine_module.PRE_LOGIN_FRAME_MAX == 4096
+    assert engine_module.PRE_LOGIN_BUFFER == 64 * 1024
