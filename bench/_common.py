@@ -7,9 +7,10 @@ API:
 
 ``payload(size) -> bytes``
     A deterministic body of ``size`` bytes.
-``scratch_queue(url, prefix, *, arguments=None) -> ContextManager[str]``
-    Declares a fresh durable queue with a unique name, yields the name and
-    deletes the queue afterwards (even when the body raised).
+``scratch_queue(url, prefix, *, arguments=None, durable=True) -> ContextManager[str]``
+    Declares a fresh queue (durable, or transient with ``durable=False``)
+    with a unique name, yields the name and deletes the queue afterwards
+    (even when the body raised).
 ``queue_depth(url, name) -> int``
     Ready messages in a queue (passive declare).
 ``Timing``
@@ -57,9 +58,9 @@ def payload(size: int) -> bytes:
 
 @contextmanager
 def scratch_queue(
-    url: str, prefix: str, *, arguments: Mapping[str, Any] | None = None
+    url: str, prefix: str, *, arguments: Mapping[str, Any] | None = None, durable: bool = True
 ) -> Iterator[str]:
-    """Declare a fresh durable queue, yield its name, delete it afterwards.
+    """Declare a fresh queue (durable unless told), yield its name, delete it afterwards.
 
     Raises:
         pika.exceptions.AMQPError: the broker refused the declare.
@@ -67,7 +68,7 @@ def scratch_queue(
     name = f"rf-bench-{prefix}-{uuid.uuid4().hex[:8]}"
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        connection.channel().queue_declare(name, durable=True, arguments=dict(arguments or {}))
+        connection.channel().queue_declare(name, durable=durable, arguments=dict(arguments or {}))
     finally:
         connection.close()
     try:

@@ -69,7 +69,7 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await stop.wait()
     finally:
-        await service.stop()
+        await service.stop(drain_timeout=float(config.drain_timeout))
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -218,6 +218,7 @@ class GatewayService:
         self.depth_sources = DepthSources(interval=config.reconcile_interval / 1000)
         self._tls_server: asyncio.Server | None = None
         self._tls_context: ssl.SSLContext | None = None
+        self._upstream_ssl = upstream_ssl_context(config) if config.upstream_tls else None
         self._outage = OutageLog()
         self._management_failures = 0
         #: Set once the first routing snapshot (and stored state) is in.
@@ -343,14 +344,30 @@ class GatewayService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def stop(self) -> None:
-        """Close the listeners, every relayed connection and the admin API."""
+    async def stop(self, *, drain_timeout: float | None = None) -> None:
+        """Close the listeners, every relayed connection and the admin API.
+
+        With ``drain_timeout`` (SIGTERM), each client first gets its
+        in-flight confirms for up to that many seconds, then
+        ``Connection.Close`` 320 "gateway shutting down"; without it
+        connections are closed at once.
+        """
         for task in self._tasks:
             task.cancel()
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()
         relays = list(self._relays)
+        if drain_timeout is not None and relays:
+            _log.info(
+                "gateway shutting down: draining in-flight confirms",
+                connections=len(relays),
+                drain_timeout_s=drain_timeout,
+            )
+            await asyncio.gather(
+                *(r.shutdown("gateway shutting down", drain_timeout) for r in relays),
+                return_exceptions=True,
+            )
         for relay in relays:
             relay.abort()
         if relays:
@@ -407,7 +424,14 @@ class GatewayService:
         task.add_done_callback(self._background.discard)
 
     def _new_relay(self) -> Relay:
-        relay = Relay(self.gateway, on_closed=self._relays.discard)
+        relay = Relay(
+            self.gateway,
+            on_closed=self._relays.discard,
+            upstream_ssl=self._upstream_ssl,
+            upstream_server_hostname=(
+                self.config.upstream_address[0] if self._upstream_ssl is not None else None
+            ),
+        )
         self._relays.add(relay)
         return relay
 

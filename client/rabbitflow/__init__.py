@@ -21,6 +21,8 @@ from ._exceptions import (
     JMSException,
     MessageFormatError,
     ProtocolError,
+    StaleMessageError,
+    TLSError,
     TransactionRolledBackError,
 )
 from ._log import LOGGER_NAME, json_formatter
@@ -64,6 +66,8 @@ __all__ = [
     "ProtocolError",
     "Queue",
     "Session",
+    "StaleMessageError",
+    "TLSError",
     "TextMessage",
     "Topic",
     "TransactionRolledBackError",

@@ -4,7 +4,8 @@ connection-wide events (blocked / lost) and consumer flow accounting."""
 from __future__ import annotations
 
 import contextlib
-import enum
+import functools
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,18 +16,23 @@ import tenacity
 from . import _system
 from ._consumer import MessageConsumer
 from ._consumer_flow import (
+    Ack,
     ConnectionFlow,
     ConsumerFlowStats,
     FlowAction,
+    ProbeQueue,
     SetPrefetch,
     StartConsuming,
+    StopConsuming,
 )
 from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
 from ._flow import GateEvent
 from ._log import get_logger
 from ._producer import MessageProducer
 from ._properties import ClientConfig, default_url
+from ._recovery import Link, LinkEvent, LinkMachine
 from ._session import AUTO_ACKNOWLEDGE, Session
+from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 
 __all__ = ["Connection", "ConnectionFactory", "ExceptionListener"]
@@ -44,16 +50,27 @@ class TransportFactory(Protocol):
     """Builds the transport of a connection (a fake one in unit tests)."""
 
     def __call__(
-        self, url: str, listener: TransportListener, *, heartbeat: int, name: str
+        self,
+        url: str,
+        listener: TransportListener,
+        *,
+        heartbeat: int,
+        name: str,
+        ssl_context: ssl.SSLContext | None,
     ) -> PikaTransport:
         """A transport that is not yet connected."""
         ...
 
 
 def _pika_transport(
-    url: str, listener: TransportListener, *, heartbeat: int, name: str
+    url: str,
+    listener: TransportListener,
+    *,
+    heartbeat: int,
+    name: str,
+    ssl_context: ssl.SSLContext | None,
 ) -> PikaTransport:
-    return PikaTransport(url, listener, heartbeat=heartbeat, name=name)
+    return PikaTransport(url, listener, heartbeat=heartbeat, name=name, ssl_context=ssl_context)
 
 
 def reconnect_strategy(
@@ -81,11 +98,25 @@ def reconnect_strategy(
     )
 
 
-class _State(enum.Enum):
-    OPEN = "open"
-    RECOVERING = "recovering"
-    FAILED = "failed"
-    CLOSED = "closed"
+class _TransportEvents:
+    """The listener of one transport: tags its events with the transport's
+    generation, so events of a transport that was replaced are ignored."""
+
+    def __init__(self, connection: Connection, generation: int) -> None:
+        self._connection = connection
+        self._generation = generation
+
+    def on_blocked(self, reason: str) -> None:
+        """connection.blocked."""
+        self._connection._on_blocked(self._generation, reason)
+
+    def on_unblocked(self) -> None:
+        """connection.unblocked."""
+        self._connection._on_unblocked(self._generation)
+
+    def on_lost(self, error: ConnectionLostError) -> None:
+        """The transport died."""
+        self._connection._on_lost(self._generation, error)
 
 
 class ConnectionFactory:
@@ -94,7 +125,10 @@ class ConnectionFactory:
     ``url`` defaults to ``$RABBITFLOW_URL``, else
     ``amqp://guest:guest@localhost:5672/%2F``.  ``properties`` override
     ``rabbitflow.system_properties``, which override ``RABBITFLOW_OPTS``,
-    which override the defaults.
+    which override the defaults.  An ``amqps://`` URL connects with TLS:
+    ``ssl_context`` when given, else a context built from the
+    ``rabbitflow.ssl.ca_file`` / ``cert_file`` / ``key_file`` properties
+    (the system's CAs when none is set).
     """
 
     def __init__(
@@ -102,6 +136,7 @@ class ConnectionFactory:
         url: str | None = None,
         *,
         properties: Mapping[str, Any] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         _transport_factory: TransportFactory | None = None,
         _sleep: Callable[[float], None] = time.sleep,
         _clock: Callable[[], float] = time.monotonic,
@@ -110,12 +145,15 @@ class ConnectionFactory:
         """Validate the configuration.
 
         Raises:
-            InvalidPropertyError: a property value is bad (the text names it).
+            InvalidPropertyError: a property value is bad, a CA, certificate or
+                key file cannot be loaded, or TLS settings come with an
+                ``amqp://`` URL (the text names the item).
         """
         self.url = url or default_url()
         self.config = ClientConfig.resolve(
             _system.environment_properties(), _system.explicit_system_properties(), properties
         )
+        self.ssl_context = tls_context(self.url, self.config, ssl_context)
         # Test seams: a fake transport, clock, sleep (recovery) and condition wait.
         self._transport_factory = _transport_factory or _pika_transport
         self._sleep = _sleep
@@ -128,6 +166,7 @@ class ConnectionFactory:
         Raises:
             ConnectionLostError: the broker cannot be reached.
             BrokerError: authentication or access refused, bad URL.
+            TLSError: the broker's TLS certificate is not trusted.
         """
         return Connection(
             self.url,
@@ -136,6 +175,7 @@ class ConnectionFactory:
             self._sleep,
             clock=self._clock,
             wait=self._wait,
+            ssl_context=self.ssl_context,
         )
 
     def __repr__(self) -> str:
@@ -169,8 +209,10 @@ class Connection:
         *,
         clock: Callable[[], float] = time.monotonic,
         wait: Waiter | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        self._ssl_context = ssl_context
         self.clock = clock
         self.wait = wait or _condition_wait
         self.config = config
@@ -178,7 +220,9 @@ class Connection:
         self._sleep = sleep
         self._name = f"rabbitflow-{next(self._names)}"
         self._cond = threading.Condition(threading.RLock())
-        self._state = _State.OPEN
+        self._link = LinkMachine()
+        self._generation = 0  # of the newest transport
+        self._current = 0  # generation of self._transport
         self._error: JMSException | None = None
         self._started = False
         self._listener: ExceptionListener | None = None
@@ -190,15 +234,22 @@ class Connection:
         self._flow = ConnectionFlow(
             config.connection_flow_limit if config.connection_flow_limit_enabled else None
         )
+        self._flow_timer_at: float | None = None
         self.reconnect_count = 0
         self._recovery_thread: threading.Thread | None = None
-        self._transport = self._new_transport()
+        self._transport, self._current = self._new_transport()
         self._transport.connect()
 
-    def _new_transport(self) -> PikaTransport:
-        return self._transport_factory(
-            self.url, self, heartbeat=self.config.heartbeat_s, name=self._name
+    def _new_transport(self) -> tuple[PikaTransport, int]:
+        self._generation += 1
+        transport = self._transport_factory(
+            self.url,
+            _TransportEvents(self, self._generation),
+            heartbeat=self.config.heartbeat_s,
+            name=self._name,
+            ssl_context=self._ssl_context,
         )
+        return transport, self._generation
 
     # ------------------------------------------------------------- public
     @property
@@ -227,7 +278,7 @@ class Connection:
         self._started = True
         with self._flow_lock:
             if not self._flow.active:
-                self._apply(self._flow.activate())
+                self._apply(self._flow.activate(now=self.clock()))
         for consumer in list(self._consumers.values()):
             consumer._wake()
 
@@ -274,7 +325,7 @@ class Connection:
                 connection is closed anyway).
         """
         with self._cond:
-            if self._state is _State.CLOSED:
+            if self._link.state is Link.CLOSED:
                 return
             sessions = list(self._sessions)
         errors: list[JMSException] = []
@@ -284,7 +335,7 @@ class Connection:
             except JMSException as exc:
                 errors.append(exc)
         with self._cond:
-            self._state = _State.CLOSED
+            self._link.handle(LinkEvent.CLOSE)
             self._cond.notify_all()
         self._transport.close()
         if errors:
@@ -297,11 +348,11 @@ class Connection:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Connection {self._name} {self._state.value} started={self._started}>"
+        return f"<Connection {self._name} {self._link.state.value} started={self._started}>"
 
     # -------------------------------------------------- used by the layers
     def _check_not_closed(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._link.state is Link.CLOSED:
             raise IllegalStateError("connection is closed")
 
     def _wait_usable(self) -> None:
@@ -311,22 +362,22 @@ class Connection:
             IllegalStateError: closed.
             ConnectionLostError: recovery gave up.
         """
-        state = self._state
-        if state is _State.OPEN:
+        if self._link.usable:
             return  # the common case, without the lock
         with self._cond:
             while True:
-                if self._state is _State.OPEN:
+                state = self._link.state
+                if state is Link.OPEN:
                     return
-                if self._state is _State.CLOSED:
+                if state is Link.CLOSED:
                     raise IllegalStateError("connection is closed")
-                if self._state is _State.FAILED:
+                if state is Link.FAILED:
                     assert self._error is not None
                     raise self._error
                 self._cond.wait(0.5)
 
     def _recovering_or_lost(self) -> bool:
-        return self._state is _State.RECOVERING or self._transport.lost
+        return self._link.recovering or self._transport.lost
 
     def _open_channel(self, handler: ChannelHandler) -> TransportChannel:
         return self._transport.open_channel(handler)
@@ -365,7 +416,9 @@ class Connection:
     # ------------------------------------------------------ consumer flow
     def _apply(self, actions: list[FlowAction]) -> None:
         """Carry out flow actions on the I/O thread (call holding _flow_lock,
-        so actions reach the broker in the order they were decided)."""
+        so actions reach the broker in the order they were decided), and arm
+        the flow machine's timer when it asks for one."""
+        self._arm_flow_timer()
         if not actions:
             return
         targets = [(action, self._consumers.get(action.consumer)) for action in actions]
@@ -379,10 +432,36 @@ class Connection:
                     channel.qos_nowait(action.count)
                 elif isinstance(action, StartConsuming):
                     channel.basic_consume_nowait(consumer.queue_name)
-                else:
+                elif isinstance(action, StopConsuming):
+                    channel.basic_cancel_nowait()
+                elif isinstance(action, ProbeQueue):
+                    channel.queue_depth_nowait(
+                        consumer.queue_name, functools.partial(self._flow_depth, consumer.id)
+                    )
+                elif isinstance(action, Ack):
                     channel.ack(action.tag, multiple=True)
 
         self._transport.post(run)
+
+    def _arm_flow_timer(self) -> None:
+        """Schedule ``_flow_tick`` at the flow machine's ``wake_at`` (holding _flow_lock)."""
+        wake = self._flow.wake_at()
+        if wake is None or (self._flow_timer_at is not None and self._flow_timer_at <= wake):
+            return
+        self._flow_timer_at = wake
+        delay = max(wake - self.clock(), 0.0)
+        transport = self._transport
+        self._transport.post(lambda: transport.call_later(delay, self._flow_tick))
+
+    def _flow_tick(self) -> None:
+        with self._flow_lock:
+            self._flow_timer_at = None
+            self._apply(self._flow.tick(self.clock()))
+
+    def _flow_depth(self, consumer_id: int, depth: int) -> None:
+        with self._flow_lock:
+            if consumer_id in self._consumers:
+                self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, *, app_acks: bool) -> None:
         with self._flow_lock:
@@ -393,35 +472,36 @@ class Connection:
                     limit=self.config.consumer_flow_limit,
                     threshold_pct=self.config.consumer_flow_threshold,
                     app_acks=app_acks,
+                    now=self.clock(),
                 )
             )
 
     def _unregister_consumer(self, consumer: MessageConsumer) -> None:
         with self._flow_lock:
-            self._apply(self._flow.unregister(consumer.id))
+            self._apply(self._flow.unregister(consumer.id, now=self.clock()))
             self._consumers.pop(consumer.id, None)
 
     def _reset_consumer_flow(self, consumer: MessageConsumer) -> None:
         with self._flow_lock:
             if consumer.id in self._consumers:
-                self._apply(self._flow.reset(consumer.id))
+                self._apply(self._flow.reset(consumer.id, now=self.clock()))
 
     # A consumer closed meanwhile (e.g. while its listener ran) is ignored:
     # closing its channel returned its unacked messages to the queue.
     def _flow_delivered(self, consumer_id: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._flow.delivered(consumer_id)
+                self._flow.delivered(consumer_id, now=self.clock())
 
     def _flow_processed(self, consumer_id: int, tag: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._apply(self._flow.processed(consumer_id, tag))
+                self._apply(self._flow.processed(consumer_id, tag, now=self.clock()))
 
     def _flow_acknowledged(self, consumer_id: int) -> None:
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._apply(self._flow.acknowledged(consumer_id))
+                self._apply(self._flow.acknowledged(consumer_id, now=self.clock()))
 
     def _flow_stats(self, consumer_id: int) -> ConsumerFlowStats:
         with self._flow_lock:
@@ -447,39 +527,59 @@ class Connection:
         consumer._attach(channel)
         self._reset_consumer_flow(consumer)
 
-    # --------------------------------------------- TransportListener (I/O)
-    def on_blocked(self, reason: str) -> None:
+    # ----------------------------------------- transport events (I/O thread)
+    def _on_blocked(self, generation: int, reason: str) -> None:
         """connection.blocked: every producer waits."""
         with self._cond:
+            if generation != self._current:
+                return
             self._blocked = reason
             producers = list(self._producers)
         for producer in producers:
             producer._gate(GateEvent.BLOCKED, reason)
 
-    def on_unblocked(self) -> None:
+    def _on_unblocked(self, generation: int) -> None:
         """connection.unblocked: producers resume."""
         with self._cond:
+            if generation != self._current:
+                return
             self._blocked = None
             producers = list(self._producers)
         for producer in producers:
             producer._gate(GateEvent.UNBLOCKED)
 
-    def on_lost(self, error: ConnectionLostError) -> None:
-        """The connection died: start recovery on its own thread."""
+    def _on_lost(self, generation: int, error: ConnectionLostError) -> None:
+        """The current transport died (also during recovery): every producer and
+        consumer is disconnected at once; recovery starts or tries again."""
         with self._cond:
-            if self._state is not _State.OPEN:
-                return
-            self._state = _State.RECOVERING
+            if generation != self._current:
+                return  # a transport already replaced (or a failed attempt's)
+            step = self._link.handle(LinkEvent.LOST)
+            self._cond.notify_all()
+        if step.detach:
+            self._detach_all()
+        if step.start_recovery:
+            _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            self._recovery_thread = threading.Thread(
+                target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
+            )
+            self._recovery_thread.start()
+        elif step.detach:
+            _log.warning(
+                "Connection lost again during recovery", error=str(error), connection=self._name
+            )
+
+    def _detach_all(self) -> None:
+        """Put every producer and consumer back into "disconnected": producers
+        re-queue what is unconfirmed, consumers drop what their channel buffered."""
+        with self._cond:
             self._blocked = None
             producers = list(self._producers)
-            self._cond.notify_all()
-        _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            consumers = list(self._consumers.values())
         for producer in producers:
-            producer._gate(GateEvent.CONNECTION_LOST)
-        self._recovery_thread = threading.Thread(
-            target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
-        )
-        self._recovery_thread.start()
+            producer._lost()
+        for consumer in consumers:
+            consumer._lost()
 
     # ------------------------------------------------------------ recovery
     def _recover(self, error: ConnectionLostError) -> None:
@@ -491,34 +591,54 @@ class Connection:
             for attempt in reconnect_strategy(self.config, sleep=self._sleep):
                 with attempt:
                     attempts += 1
-                    if self._state is _State.CLOSED:
+                    if self._link.closed:
                         return
                     self._reconnect_once()
         except JMSException as exc:
             self._give_up(exc, attempts)
             return
         with self._cond:
-            closed = self._state is _State.CLOSED
-            if self._state is _State.RECOVERING:
-                self._state = _State.OPEN
+            if self._link.closed:
+                return
             self.reconnect_count += 1
             self._cond.notify_all()
-        if closed:  # close() ran while we reconnected
-            self._transport.close()
-            return
         _log.info("Connection recovered", connection=self._name, attempts=attempts)
 
     def _reconnect_once(self) -> None:
-        transport = self._new_transport()
+        """One attempt: open a transport, restore every session on it.
+
+        Raises:
+            JMSException: the attempt failed (every producer and consumer is
+                disconnected again; the retry policy decides what follows).
+        """
+        with self._cond:
+            if self._link.closed:
+                return
+            self._link.handle(LinkEvent.ATTEMPT)
+        transport, generation = self._new_transport()
         try:
             transport.connect()
-            self._transport = transport
             with self._cond:
+                link = self._link  # (re-read: close() may have run meanwhile)
+                if link.closed:
+                    transport.close()
+                    return
+                self._transport, self._current = transport, generation
+                self._link.handle(LinkEvent.CONNECTED)
                 sessions = list(self._sessions)
             for session in sessions:
                 session._restore(transport)
+            with self._cond:
+                step = self._link.handle(LinkEvent.RESTORED)
+                self._cond.notify_all()
+            if step.new is not Link.OPEN:
+                raise ConnectionLostError("the connection was lost again while it was restored")
         except JMSException:
             transport.close()
+            with self._cond:
+                step = self._link.handle(LinkEvent.ATTEMPT_FAILED)
+            if step.detach:
+                self._detach_all()
             raise
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
@@ -528,9 +648,9 @@ class Connection:
         )
         error.__cause__ = cause
         with self._cond:
-            if self._state is _State.CLOSED:
+            if self._link.state is Link.CLOSED:
                 return
-            self._state = _State.FAILED
+            self._link.handle(LinkEvent.GIVE_UP)
             self._error = error
             producers = list(self._producers)
             consumers = list(self._consumers.values())

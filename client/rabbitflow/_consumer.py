@@ -117,7 +117,7 @@ class MessageConsumer:
                     return None
                 self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
         try:
-            message = self._session._to_message(self, delivery)
+            message = self._session._to_message(self, generation, delivery)
         except JMSException:
             self._session._processed(self, generation, delivery)
             raise
@@ -243,6 +243,18 @@ class MessageConsumer:
             self._generation += 1
             self._buffer.clear()  # the broker redelivers them on the new channel
             self._cond.notify_all()
+
+    def _lost(self) -> None:
+        """The channel was lost: hand out nothing it delivered (the broker
+        redelivers what was not acknowledged), and refuse acknowledge() of
+        messages already handed out."""
+        with self._cond:
+            old, self._channel = self._channel, None
+            self._generation += 1
+            self._buffer.clear()
+            self._cond.notify_all()
+        if old is not None:
+            old.detach()
 
     def _fail(self, error: JMSException) -> None:
         with self._cond:

@@ -4,6 +4,9 @@ Branches follow what the caller can do about the failure::
 
     JMSException                      every error raised by rabbitflow
     ├── ConnectionLostError           recovery gave up; make a new connection
+    ├── TLSError                      the TLS handshake failed (broker certificate
+    │                                 not trusted, client certificate refused):
+    │                                 fix the CA / certificate settings
     ├── FlowControlTimeoutError       send() waited too long under flow control;
     │                                 the message was not sent, retry later
     ├── BrokerError                   the broker refused an operation
@@ -12,6 +15,8 @@ Branches follow what the caller can do about the failure::
     │   ├── InvalidDestinationError   no such queue / exchange, or wrong type
     │   └── TransactionRolledBackError  commit could not complete
     ├── IllegalStateError             the object is closed or in the wrong mode
+    │   └── StaleMessageError         acknowledge() of a message whose channel
+    │                                 was lost: the broker delivers it again
     ├── MessageFormatError            a body or header of the wrong type
     └── InvalidPropertyError          (also ValueError) a bad configuration
                                       property or argument; names the item
@@ -29,6 +34,8 @@ __all__ = [
     "JMSException",
     "MessageFormatError",
     "ProtocolError",
+    "StaleMessageError",
+    "TLSError",
     "TransactionRolledBackError",
 ]
 
@@ -39,6 +46,11 @@ class JMSException(Exception):
 
 class ConnectionLostError(JMSException):
     """The connection to the broker was lost and recovery gave up."""
+
+
+class TLSError(JMSException):
+    """The TLS handshake with the broker failed; the text says why (e.g.
+    "TLS certificate verification failed: ...").  Retrying will not help."""
 
 
 class FlowControlTimeoutError(JMSException):
@@ -70,6 +82,12 @@ class TransactionRolledBackError(BrokerError):
 
 class IllegalStateError(JMSException):
     """The object is closed, or the call does not fit its mode."""
+
+
+class StaleMessageError(IllegalStateError):
+    """``acknowledge()`` of a message delivered on a channel that was lost since
+    (connection recovery).  It was not acknowledged: the broker delivers it
+    again (``redelivered`` set), so process it idempotently."""
 
 
 class MessageFormatError(JMSException):

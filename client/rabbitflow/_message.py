@@ -7,7 +7,7 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._destination import Destination, Queue, TemporaryQueue, Topic
 from ._exceptions import IllegalStateError, MessageFormatError
@@ -44,9 +44,10 @@ def new_message_id() -> str:
     return f"ID:{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}"
 
 
-@dataclass(frozen=True, slots=True)
-class WireProperties:
-    """AMQP basic properties, independent of any client library."""
+class WireProperties(NamedTuple):
+    """AMQP basic properties, independent of any client library (a named
+    tuple: one is built per send, and a tuple is several times cheaper to
+    build than a frozen dataclass)."""
 
     content_type: str | None = None
     content_encoding: str | None = None

@@ -197,16 +197,19 @@ class MessageProducer:
     def close(self) -> None:
         """Wait until every send is confirmed, then close (idempotent).
 
-        Waits at most ``max(qpid.flow_control_wait_failure, 10 s)``.
+        Waits at most ``qpid.flow_control_wait_failure`` (0: not at all).
 
         Raises:
-            JMSException: some sent messages could not be confirmed in time, or
-                the connection failed; the text says how many.
+            JMSException: some sent messages were not confirmed in time, or the
+                connection failed; the text says how many.  They may still be
+                enqueued: the broker may have taken them without its confirm
+                arriving in time.
         """
         with self._cond:
             if self._closed:
                 return
-            deadline = self._clock() + max(self._config.wait_failure_ms / 1000, 10.0)
+            wait_s = self._config.wait_failure_ms / 1000
+            deadline = self._clock() + wait_s
             while not self._window.idle and self._error is None:
                 remaining = deadline - self._clock()
                 if remaining <= 0:
@@ -221,9 +224,10 @@ class MessageProducer:
         if self._channel is not None and not self._transacted:
             self._channel.close()
         if pending:
+            cause = f": {error}" if error else f" within {wait_s:g} s"
             raise JMSException(
-                f"{self.id}: {pending} sent message(s) were not confirmed by the broker"
-                + (f": {error}" if error else "")
+                f"{self.id}: {pending} sent message(s) not confirmed by the broker{cause}; "
+                "they may still be enqueued"
             )
 
     def __enter__(self) -> MessageProducer:
@@ -352,9 +356,14 @@ class MessageProducer:
             publishes = self._window.take(now)
             due = self._window.resend_due()
         try:
-            for p in publishes:
-                out = p.item
-                channel.publish(out.exchange, out.routing_key, out.body, out.props, False)
+            if publishes:
+                channel.publish_many(
+                    [
+                        (p.item.exchange, p.item.routing_key, p.item.body, p.item.props)
+                        for p in publishes
+                    ],
+                    False,
+                )
         except JMSException:
             return  # the channel/connection is going away; recovery re-sends
         if self._transacted and publishes:
@@ -411,6 +420,20 @@ class MessageProducer:
         self._log_notices(notices)
         if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
             self._session.connection._post(self._pump)
+
+    def _lost(self) -> None:
+        """The connection (or a recovery attempt) was lost: leave its channel;
+        everything unconfirmed is re-sent in order, with fresh confirm tags, on
+        the next channel."""
+        with self._cond:
+            old, self._channel = self._channel, None
+            if self._window.gate.state is Gate.CLOSED:
+                return
+            notices = self._window.handle(GateEvent.CONNECTION_LOST)
+            self._cond.notify_all()
+        if old is not None:
+            old.detach()  # a late confirm of the dead channel must not count
+        self._log_notices(notices)
 
     def _attach(self, channel: TransportChannel) -> None:
         """Use ``channel`` (fresh, or after a reconnection) and publish what is queued."""

@@ -42,8 +42,8 @@ class PropertySpec:
 
     name: str
     field: str
-    default: int | bool
-    kind: type  # int or bool
+    default: int | bool | None
+    kind: type  # int, bool or str (a file path)
     minimum: int = 0
     maximum: int | None = None
     doc: str = ""
@@ -148,6 +148,28 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
         doc="longest delay before re-sending a nacked message (ms)",
     ),
     PropertySpec(
+        "rabbitflow.ssl.ca_file",
+        "ssl_ca_file",
+        None,
+        str,
+        doc="PEM file of the CAs that sign the broker's certificate (amqps:// only; "
+        "default: the system's CAs)",
+    ),
+    PropertySpec(
+        "rabbitflow.ssl.cert_file",
+        "ssl_cert_file",
+        None,
+        str,
+        doc="PEM file of the client certificate (amqps:// only)",
+    ),
+    PropertySpec(
+        "rabbitflow.ssl.key_file",
+        "ssl_key_file",
+        None,
+        str,
+        doc="PEM file of the client certificate's private key (amqps:// only)",
+    ),
+    PropertySpec(
         "rabbitflow.heartbeat",
         "heartbeat_s",
         30,
@@ -199,7 +221,14 @@ def default_url(environ: Mapping[str, str] | None = None) -> str:
     return env.get(ENV_URL) or DEFAULT_URL
 
 
-def _convert(spec: PropertySpec, value: Any) -> int | bool:
+def _convert(spec: PropertySpec, value: Any) -> int | bool | str:
+    if spec.kind is str:
+        if not isinstance(value, str | os.PathLike) or not str(os.fspath(value)).strip():
+            raise InvalidPropertyError(spec.name, f"expected a file path, got {value!r}")
+        path = str(os.fspath(value)).strip()
+        if not os.path.isfile(path):
+            raise InvalidPropertyError(spec.name, f"no such file: {path!r}")
+        return path
     if spec.kind is bool:
         if isinstance(value, bool):
             return value
@@ -250,6 +279,9 @@ class ClientConfig:
     nack_backoff_initial_ms: int = 50
     nack_backoff_max_ms: int = 1000
     heartbeat_s: int = 30
+    ssl_ca_file: str | None = None
+    ssl_cert_file: str | None = None
+    ssl_key_file: str | None = None
 
     @classmethod
     def resolve(cls, *sources: Mapping[str, Any] | None) -> ClientConfig:
@@ -262,7 +294,7 @@ class ClientConfig:
             InvalidPropertyError: a value is not a number / boolean, is out of
                 range, or a ``qpid.``/``imq``/``rabbitflow.`` name is unknown.
         """
-        values: dict[str, int | bool] = {}
+        values: dict[str, int | bool | str] = {}
         for source in sources:
             for name, raw in (source or {}).items():
                 spec = _BY_NAME.get(name)
@@ -271,13 +303,22 @@ class ClientConfig:
                         raise InvalidPropertyError(name, "unknown property")
                     continue
                 values[spec.field] = _convert(spec, raw)
+        if "ssl_key_file" in values and "ssl_cert_file" not in values:
+            raise InvalidPropertyError(
+                "rabbitflow.ssl.key_file", "needs rabbitflow.ssl.cert_file (the certificate)"
+            )
         return cls(**values)  # type: ignore[arg-type]
 
     def replace(self, **changes: Any) -> ClientConfig:
         """A copy with ``changes`` applied (field names, not property names)."""
         return dataclasses.replace(self, **changes)
 
-    def as_properties(self) -> dict[str, int | bool]:
+    @property
+    def uses_tls_files(self) -> bool:
+        """True when any ``rabbitflow.ssl.*`` property is set."""
+        return any((self.ssl_ca_file, self.ssl_cert_file, self.ssl_key_file))
+
+    def as_properties(self) -> dict[str, int | bool | str | None]:
         """The configuration as a property-name mapping."""
         return {spec.name: getattr(self, spec.field) for spec in PROPERTY_SPECS}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -15,6 +16,7 @@ from ._exceptions import (
     InvalidDestinationError,
     InvalidPropertyError,
     JMSException,
+    StaleMessageError,
     TransactionRolledBackError,
 )
 from ._message import BytesMessage, Message, TextMessage
@@ -336,8 +338,11 @@ class Session:
         if generation == consumer._generation:
             self.connection._flow_processed(consumer.id, delivery.delivery_tag)
 
-    def _to_message(self, consumer: MessageConsumer, delivery: Delivery) -> Message:
-        """The application's message for a buffered delivery.
+    def _to_message(
+        self, consumer: MessageConsumer, generation: int, delivery: Delivery
+    ) -> Message:
+        """The application's message for a buffered delivery (of the consumer's
+        channel number ``generation``).
 
         Raises:
             MessageFormatError: a text body that cannot be decoded.
@@ -349,8 +354,24 @@ class Session:
             destination=consumer.destination,
         )
         if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
-            message._acknowledger = self.acknowledge
+            message._acknowledger = functools.partial(
+                self._acknowledge_message, consumer, generation
+            )
         return message
+
+    def _acknowledge_message(self, consumer: MessageConsumer, generation: int) -> None:
+        """``Message.acknowledge()``: refused for a message whose channel is gone.
+
+        Raises:
+            StaleMessageError: the message came on a channel lost since.
+            IllegalStateError: the session is closed.
+        """
+        if generation != consumer._generation:
+            raise StaleMessageError(
+                "cannot acknowledge: the message was delivered on a channel that was lost "
+                "since (connection recovery); the broker delivers it again"
+            )
+        self.acknowledge()
 
     # ---------------------------------------------------- acknowledgement
     def acknowledge(self) -> None:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ssl
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import pika
+import pika.data
 import pika.exceptions
 import pika.frame
 import pika.spec
@@ -30,6 +33,7 @@ from ._exceptions import (
     InvalidDestinationError,
     JMSException,
     ProtocolError,
+    TLSError,
 )
 from ._message import WireProperties
 
@@ -92,10 +96,63 @@ class TransportListener(Protocol):
         """The connection died without close() being called."""
 
 
+def _tls_failure(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind ``exc`` (pika wraps it in its own), if any."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLError):
+            return current
+        pending += [a for a in current.args if isinstance(a, BaseException)]
+        # pika's connection workflow keeps each attempt's error in a list, and
+        # each phase error its cause in ``exception``.
+        pending += [a for a in getattr(current, "exceptions", None) or () if a is not None]
+        inner = getattr(current, "exception", None)
+        if isinstance(inner, BaseException):
+            pending.append(inner)
+        pending += [a for a in (current.__cause__, current.__context__) if a is not None]
+    return None
+
+
+class _Detached:
+    """The handler of a detached channel: drops every event."""
+
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        """Dropped."""
+
+    def on_flow(self, active: bool) -> None:
+        """Dropped."""
+
+    def on_deliver(self, delivery: Delivery) -> None:
+        """Dropped."""
+
+    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
+        """Dropped."""
+
+    def on_channel_closed(self, error: JMSException) -> None:
+        """Dropped."""
+
+
+_DETACHED: ChannelHandler = _Detached()
+
+
 def translate_error(exc: BaseException) -> JMSException:
     """The rabbitflow exception for a pika exception (most specific first)."""
     if isinstance(exc, JMSException):
         return exc
+    tls = _tls_failure(exc)
+    if isinstance(tls, ssl.SSLCertVerificationError):
+        return TLSError(
+            f"TLS certificate verification failed: {tls.verify_message or tls} "
+            "(the broker's certificate is not signed by a CA this client trusts: "
+            "see rabbitflow.ssl.ca_file or ssl_context)"
+        )
+    if tls is not None:
+        return TLSError(f"TLS handshake failed: {tls}")
     if isinstance(exc, pika.exceptions.ChannelClosedByBroker):
         code, text = exc.reply_code, exc.reply_text
         if code == _NOT_FOUND:
@@ -154,6 +211,135 @@ def _from_pika(props: pika.BasicProperties) -> WireProperties:
     )
 
 
+# ------------------------------------------------------------ publish frames
+# Encoding a publish with pika builds a Method, a Header and BasicProperties
+# object per message and walks pika's generic encoders; for the publish path
+# the frames are simple enough to write directly: the method frame depends
+# only on (channel, exchange, routing key, mandatory) and is cached, the
+# content header is packed field by field, and the header table of
+# application properties (usually the same few keys) is cached by value.
+_FRAME_END = b"\xce"
+_HEADER_PREFIX = struct.Struct(">BHIHHQH")  # type, channel, size, class, weight, body size, flags
+_BODY_PREFIX = struct.Struct(">BHI")
+
+
+class _PublishEncoder:
+    """Encodes Basic.Publish + content header + body frames to bytes."""
+
+    def __init__(self) -> None:
+        self._methods: dict[tuple[int, str, str, bool], bytes] = {}
+        self._tables: dict[tuple[tuple[str, Any], ...], bytes] = {}
+
+    @staticmethod
+    def _short(text: str) -> bytes:
+        data = text.encode()
+        if len(data) > 255:
+            raise ValueError(f"AMQP short string too long ({len(data)} bytes)")
+        return bytes((len(data),)) + data
+
+    def _method(self, channel: int, exchange: str, routing_key: str, mandatory: bool) -> bytes:
+        key = (channel, exchange, routing_key, mandatory)
+        frame = self._methods.get(key)
+        if frame is None:
+            payload = (
+                struct.pack(">HHH", 60, 40, 0)
+                + self._short(exchange)
+                + self._short(routing_key)
+                + (b"\x01" if mandatory else b"\x00")
+            )
+            frame = struct.pack(">BHI", 1, channel, len(payload)) + payload + _FRAME_END
+            if len(self._methods) > 1000:
+                self._methods.clear()
+            self._methods[key] = frame
+        return frame
+
+    def _table(self, headers: dict[str, Any]) -> bytes:
+        try:
+            key = tuple(sorted(headers.items()))
+            hash(key)
+        except TypeError:  # unhashable values: encode without the cache
+            pieces: list[bytes] = []
+            pika.data.encode_table(pieces, headers)
+            return b"".join(pieces)
+        table = self._tables.get(key)
+        if table is None:
+            pieces = []
+            pika.data.encode_table(pieces, headers)
+            table = b"".join(pieces)
+            if len(self._tables) > 1000:
+                self._tables.clear()
+            self._tables[key] = table
+        return table
+
+    def _properties(self, props: WireProperties) -> tuple[int, bytes]:
+        flags = 0
+        out: list[bytes] = []
+        short = self._short
+        if props.content_type is not None:
+            flags |= 1 << 15
+            out.append(short(props.content_type))
+        if props.content_encoding is not None:
+            flags |= 1 << 14
+            out.append(short(props.content_encoding))
+        if props.headers is not None:
+            flags |= 1 << 13
+            out.append(self._table(props.headers))
+        if props.delivery_mode is not None:
+            flags |= 1 << 12
+            out.append(bytes((props.delivery_mode,)))
+        if props.priority is not None:
+            flags |= 1 << 11
+            out.append(bytes((props.priority,)))
+        if props.correlation_id is not None:
+            flags |= 1 << 10
+            out.append(short(props.correlation_id))
+        if props.reply_to is not None:
+            flags |= 1 << 9
+            out.append(short(props.reply_to))
+        if props.expiration is not None:
+            flags |= 1 << 8
+            out.append(short(props.expiration))
+        if props.message_id is not None:
+            flags |= 1 << 7
+            out.append(short(props.message_id))
+        if props.timestamp is not None:
+            flags |= 1 << 6
+            out.append(struct.pack(">Q", props.timestamp))
+        if props.type is not None:
+            flags |= 1 << 5
+            out.append(short(props.type))
+        return flags, b"".join(out)
+
+    def encode(
+        self,
+        channel: int,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        props: WireProperties,
+        *,
+        mandatory: bool,
+        body_max: int,
+    ) -> bytes:
+        """The frames of one publish, joined.
+
+        Raises:
+            ValueError: a value that does not fit its AMQP field.
+        """
+        flags, fields = self._properties(props)
+        size = len(body)
+        parts = [
+            self._method(channel, exchange, routing_key, mandatory),
+            _HEADER_PREFIX.pack(2, channel, 14 + len(fields), 60, 0, size, flags),
+            fields,
+            _FRAME_END,
+        ]
+        for start in range(0, size, body_max):
+            chunk = body[start : start + body_max]
+            parts += [_BODY_PREFIX.pack(3, channel, len(chunk)), chunk, _FRAME_END]
+        return b"".join(parts)
+
+
 def _coalesce_writes(connection: Any) -> None:
     """Make pika send its queued frames with one ``send()`` per batch.
 
@@ -187,14 +373,22 @@ class TransportChannel:
     def __init__(self, transport: PikaTransport, channel: Any, handler: ChannelHandler) -> None:
         self._transport = transport
         self._channel = channel
-        self._handler = handler
+        self._handler: ChannelHandler = handler
         self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._consumer_tag: str | None = None
+        self._qos_pending = 0  # basic.qos sent, qos-ok not yet received
+        self._held_acks: list[tuple[int, bool]] = []  # acks waiting for those qos-oks
         self.closing = False
         self.closed = False
         channel.add_on_close_callback(self._on_closed)
         channel.add_on_flow_callback(self._on_flow)
         channel.add_on_return_callback(self._on_return)
         channel.add_on_cancel_callback(self._on_cancel)
+
+    def detach(self) -> None:
+        """Stop passing this channel's events on (its connection was lost and
+        the handler moved on to another channel)."""
+        self._handler = _DETACHED
 
     @property
     def number(self) -> int:
@@ -412,7 +606,26 @@ class TransportChannel:
 
     def basic_consume_nowait(self, queue: str, *, exclusive: bool = False) -> None:
         """basic.consume from the I/O thread without waiting for consume-ok."""
-        self._channel.basic_consume(queue, self._on_message, auto_ack=False, exclusive=exclusive)
+        if not self.closed and self._channel.is_open:
+            self._consumer_tag = self._channel.basic_consume(
+                queue, self._on_message, auto_ack=False, exclusive=exclusive
+            )
+
+    def basic_cancel_nowait(self) -> None:
+        """basic.cancel of the consumer started by ``basic_consume_nowait`` (I/O
+        thread only).  Deliveries already on their way are rejected back to
+        the queue by pika."""
+        tag, self._consumer_tag = self._consumer_tag, None
+        if tag is not None and not self.closed and self._channel.is_open:
+            self._channel.basic_cancel(tag)
+
+    def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
+        """Passive queue.declare; ``on_depth(message_count)`` runs on the I/O
+        thread when the answer comes (I/O thread only)."""
+        if not self.closed and self._channel.is_open:
+            self._channel.queue_declare(
+                queue, passive=True, callback=lambda frame: on_depth(frame.method.message_count)
+            )
 
     def basic_cancel(self, consumer_tag: str) -> None:
         """Stop a consumer.
@@ -444,6 +657,13 @@ class TransportChannel:
                 future.set_result(None)
                 return
             self._channel.add_on_close_callback(lambda *_: future.set_result(None))
+            # Acks held for a qos-ok go out now: pika would send the close
+            # first, and a closing channel takes no acks.  The prefetch no
+            # longer matters.
+            held, self._held_acks = self._held_acks, []
+            self._qos_pending = 0
+            for tag, multiple in held:
+                self.ack(tag, multiple=multiple)
             try:
                 self._channel.close()
             except pika.exceptions.AMQPError:
@@ -463,16 +683,66 @@ class TransportChannel:
         Raises:
             JMSException: the channel is closed (translated).
         """
+        self.publish_many([(exchange, routing_key, body, props)], mandatory)
+
+    def publish_many(
+        self, items: list[tuple[str, str, bytes, WireProperties]], mandatory: bool
+    ) -> None:
+        """basic.publish each of ``items`` (exchange, routing key, body,
+        properties) in order, encoded here and written to the connection's
+        buffer at once (I/O thread only).
+
+        Raises:
+            JMSException: the channel is closed (translated).
+        """
+        output = self._transport.raw_output()
+        if output is None:  # pika's internals are not as expected: its own path
+            try:
+                for exchange, routing_key, body, props in items:
+                    self._channel.basic_publish(
+                        exchange, routing_key, body, _to_pika(props), mandatory=mandatory
+                    )
+            except (pika.exceptions.AMQPError, OSError) as exc:
+                raise translate_error(exc) from exc
+            return
+        if self.closed or not self._channel.is_open:
+            raise ProtocolError("channel is closed")
+        emit, body_max = output
+        encode = self._transport.encoder.encode
+        number = self.number
         try:
-            self._channel.basic_publish(
-                exchange, routing_key, body, _to_pika(props), mandatory=mandatory
+            data = b"".join(
+                [
+                    encode(
+                        number,
+                        exchange,
+                        routing_key,
+                        body,
+                        props,
+                        mandatory=mandatory,
+                        body_max=body_max,
+                    )
+                    for exchange, routing_key, body, props in items
+                ]
             )
+        except (ValueError, TypeError, struct.error) as exc:
+            raise ProtocolError(f"cannot encode a publish: {exc}") from exc
+        try:
+            emit(data)
         except (pika.exceptions.AMQPError, OSError) as exc:
             raise translate_error(exc) from exc
 
     def ack(self, tag: int, *, multiple: bool) -> None:
-        """basic.ack (I/O thread only; ignored on a closed channel)."""
-        if not self.closed and self._channel.is_open:
+        """basic.ack (I/O thread only; ignored on a closed channel).
+
+        Sent only after every basic.qos sent before it is confirmed: pika
+        holds a second qos until the first one's qos-ok but sends acks at
+        once, so an ack could otherwise reach the broker before a lower
+        prefetch count and let it deliver more than the count allows.
+        """
+        if self._qos_pending:
+            self._held_acks.append((tag, multiple))
+        elif not self.closed and self._channel.is_open:
             self._channel.basic_ack(tag, multiple=multiple)
 
     def reject(self, tag: int, *, requeue: bool) -> None:
@@ -481,9 +751,21 @@ class TransportChannel:
             self._channel.basic_reject(tag, requeue=requeue)
 
     def qos_nowait(self, prefetch_count: int) -> None:
-        """basic.qos global=true without waiting (I/O thread only)."""
+        """basic.qos global=true without waiting (I/O thread only); acks sent
+        after it wait for its qos-ok (see ``ack``)."""
         if not self.closed and self._channel.is_open:
-            self._channel.basic_qos(prefetch_count=prefetch_count, global_qos=True)
+            self._qos_pending += 1
+            self._channel.basic_qos(
+                prefetch_count=prefetch_count, global_qos=True, callback=self._on_qos_ok
+            )
+
+    def _on_qos_ok(self, _frame: Any) -> None:
+        self._qos_pending = max(self._qos_pending - 1, 0)
+        if self._qos_pending:
+            return
+        held, self._held_acks = self._held_acks, []
+        for tag, multiple in held:
+            self.ack(tag, multiple=multiple)
 
 
 class PikaTransport:
@@ -497,11 +779,17 @@ class PikaTransport:
         heartbeat: int = 30,
         connect_timeout: float = 10.0,
         name: str = "rabbitflow",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         try:
             params = pika.URLParameters(url)
         except (ValueError, TypeError) as exc:
             raise BrokerError(f"bad broker URL {url!r}: {exc}") from exc
+        if params.ssl_options is not None:
+            # The host name is needed to verify the broker's certificate.
+            params.ssl_options = pika.SSLOptions(
+                ssl_context or ssl.create_default_context(), server_hostname=params.host
+            )
         params.heartbeat = heartbeat
         params.blocked_connection_timeout = None
         params.connection_attempts = 1
@@ -513,9 +801,20 @@ class PikaTransport:
         self._connection: Any = None
         self._thread: threading.Thread | None = None
         self._name = name
+        self.encoder = _PublishEncoder()
         self.closing = False
         self.lost = False
         self._opened = False
+
+    def raw_output(self) -> tuple[Callable[[bytes], None], int] | None:
+        """(write encoded frames, largest body frame payload) for the publish
+        path, or None when pika's internals are not as expected."""
+        connection = self._connection
+        output = getattr(connection, "_output_marshaled_frames", None)
+        body_max = getattr(connection, "_body_max_length", None)
+        if output is None or not isinstance(body_max, int) or body_max <= 0:
+            return None
+        return (lambda data: output([data])), body_max
 
     @property
     def alive(self) -> bool:

@@ -150,3 +150,40 @@ def test_connection_limit_caps_what_all_consumers_have_buffered(
 
     assert ledger.per_consumer == dict.fromkeys(queues, 60)
     assert ledger.peak <= 12, f"{ledger.peak} delivered but unprocessed on the connection"
+
+
+def test_connection_limit_is_one_total_a_busy_consumer_may_fill(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    busy, idle = unique_name("cbusy"), unique_name("cidle")
+    cleanup_queues.extend([busy, idle])
+    _preload(broker.url, busy, 600)
+    declare_queue(broker.url, idle)
+
+    ledger = Ledger()
+    properties = {
+        "imqConnectionFlowLimitEnabled": "true",
+        "imqConnectionFlowLimit": 60,
+        "imqConsumerFlowThreshold": 50,
+    }
+    with AmqpTap(broker.url, on_event=ledger.on_wire) as tap:
+        factory = rabbitflow.ConnectionFactory(tap.url, properties=properties)
+        with factory.create_connection() as connection:
+            consumers = {}
+            # The idle queue's consumer first: it must not keep credit it cannot use.
+            for queue in (idle, busy):
+                session = connection.create_session()
+                consumers[queue] = session.create_consumer(session.create_queue(queue))
+                consumers[queue].set_message_listener(ledger.listener(queue))
+            connection.start()
+            wait_until(lambda: ledger.done(600), 60, "600 messages processed", state=ledger.summary)
+            stats = consumers[busy].flow_stats()
+
+    assert ledger.per_consumer == {busy: 600}
+    assert ledger.peak <= 60, f"{ledger.peak} delivered but unprocessed on the connection"
+    # The whole limit went to the busy consumer (an even split would cap it
+    # at 30), and it used more than a split's share of it.
+    assert stats.grants[0] == 60, stats.grants
+    assert stats.max_buffered > 30, stats.max_buffered
+    # Each batch comes once the buffer is down to 50 % of 60 and fills it to 60.
+    assert all(30 <= g <= 60 for g in stats.grants), stats.grants

@@ -35,6 +35,7 @@ from rabbitflow_pipeline.schemas import (
 )
 
 __all__ = [
+    "DEFAULT_FLOW_STOP_THRESHOLD",
     "SPARK_CONF",
     "TABLES",
     "AnalysisResult",
@@ -108,6 +109,15 @@ class AnalysisResult:
     episodes: int
     seconds: float
     phases: Mapping[str, float]
+    #: Broker-J operational lines of codes the analysis does not use.
+    ignored: int = 0
+    #: Malformed event-log lines per reason, commonest first.
+    malformed_reasons: Sequence[tuple[str, int]] = ()
+
+    @property
+    def all_malformed(self) -> bool:
+        """Every non-blank event-log line was malformed (and there was at least one)."""
+        return self.malformed > 0 and self.events == 0 and self.ignored == 0
 
 
 def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze") -> SparkSession:
@@ -180,19 +190,73 @@ def _first_int(*values: Any) -> int | None:
     return None
 
 
-def parse_queue_limits(document: Any) -> list[tuple[str, str, int | None, int | None]]:
+#: The gateway's ``--default-flow-stop-threshold`` default (percent of a queue's maximum).
+DEFAULT_FLOW_STOP_THRESHOLD = 80
+
+
+def _derived_maximum(stop: Any, stop_pct: int) -> int | None:
+    """The smallest maximum whose ``stop_pct`` percent is the default stop threshold ``stop``.
+
+    The gateway sets a default stop at ``maximum * pct // 100``, so the
+    maximum is at least ``ceil(stop * 100 / pct)``; the smallest is taken,
+    which makes the advice's "stop + capacities fit the maximum" check no
+    more lenient than with the real maximum.
+    """
+    value = _first_int(stop)
+    if value is None:
+        return None
+    return -(-value * 100 // stop_pct)
+
+
+def _gateway_limits(item: Mapping[str, Any], stop_pct: int) -> tuple[int | None, int | None]:
+    """A gateway admin API queue's maxima: shown ones, else derived from default thresholds."""
+    max_count = _first_int(item.get("maxCount"))
+    max_size = _first_int(item.get("maxSize"))
+    if item.get("source") == "default":
+        # The gateway derived these thresholds from the queue's maximum.
+        if max_count is None:
+            max_count = _derived_maximum(item.get("flowStopCount"), stop_pct)
+        if max_size is None:
+            max_size = _derived_maximum(item.get("flowStopSize"), stop_pct)
+    return max_count, max_size
+
+
+def _lowest(*values: Any) -> int | None:
+    present = [v for v in (_first_int(value) for value in values) if v is not None]
+    return min(present) if present else None
+
+
+def parse_queue_limits(
+    document: Any, *, default_stop_pct: int = DEFAULT_FLOW_STOP_THRESHOLD
+) -> list[tuple[str, str, int | None, int | None]]:
     """Queue maxima from a ``--queue-limits`` document.
 
-    Accepts a JSON list of queue objects (or ``{"queues": [...]}``): our own
-    ``{"vhost", "queue", "max_count", "max_size"}`` form, a gateway admin API
-    ``GET /api/queues`` snapshot, or a RabbitMQ management ``/api/queues``
-    snapshot (``arguments`` ``x-max-length``/``x-max-length-bytes``, or the
-    ``effective_policy_definition`` ``max-length``/``max-length-bytes``).
+    Accepts a JSON list of queue objects (or ``{"queues": [...]}``) in any
+    of three forms:
+
+    * our own ``{"vhost", "queue", "max_count", "max_size"}``;
+    * a gateway admin API ``GET /api/queues`` snapshot (recognised by its
+      ``flowStopCount``): ``maxCount``/``maxSize`` when shown, else, for a
+      queue whose thresholds are the gateway's defaults (``"source":
+      "default"``), the maximum those defaults were derived from at
+      ``default_stop_pct`` percent (the gateway's
+      ``--default-flow-stop-threshold``); a queue with thresholds of its own
+      shows no maximum and gets nulls;
+    * a RabbitMQ management ``/api/queues`` snapshot: the lowest of
+      ``arguments`` ``x-max-length`` (``x-max-length-bytes``), Qpid's
+      ``qpid.max_count`` (``qpid.max_size``) and the
+      ``effective_policy_definition`` ``max-length`` (``max-length-bytes``).
+
     Queues with neither maximum are kept with nulls.
 
     Raises:
-        QueueLimitsError: not a list of objects, or an object without a name.
+        QueueLimitsError: not a list of objects, an object without a name, or
+            ``default_stop_pct`` not in 1..100.
     """
+    if not 0 < default_stop_pct <= 100:
+        raise QueueLimitsError(
+            f"default flow stop threshold must be 1..100 percent, got {default_stop_pct}"
+        )
     if isinstance(document, Mapping) and "queues" in document:
         document = document["queues"]
     if not isinstance(document, list):
@@ -205,20 +269,22 @@ def parse_queue_limits(document: Any) -> list[tuple[str, str, int | None, int | 
         if not isinstance(name, str) or not name:
             raise QueueLimitsError(f"queue limits entry {index} has no queue name")
         vhost = item.get("vhost") or "/"
+        if "flowStopCount" in item:
+            max_count, max_size = _gateway_limits(item, default_stop_pct)
+            rows.append((str(vhost), name, max_count, max_size))
+            continue
         args = item.get("arguments") or {}
         policy = item.get("effective_policy_definition") or {}
-        max_count = _first_int(
-            item.get("max_count"),
-            item.get("max_length"),
+        max_count = _first_int(item.get("max_count"), item.get("max_length")) or _lowest(
             item.get("x-max-length"),
             args.get("x-max-length"),
+            args.get("qpid.max_count"),
             policy.get("max-length"),
         )
-        max_size = _first_int(
-            item.get("max_size"),
-            item.get("max_length_bytes"),
+        max_size = _first_int(item.get("max_size"), item.get("max_length_bytes")) or _lowest(
             item.get("x-max-length-bytes"),
             args.get("x-max-length-bytes"),
+            args.get("qpid.max_size"),
             policy.get("max-length-bytes"),
         )
         rows.append((str(vhost), name, max_count, max_size))
@@ -351,7 +417,8 @@ def analyze(
             parsed = classified.observe(
                 stats,
                 F.count(F.lit(1)).alias("lines"),
-                F.count("malformed_reason").alias("malformed"),
+                F.count(F.when(tf.is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
+                F.count(F.when(F.col("malformed_reason") == tf.IGNORED, 1)).alias("ignored"),
                 F.min(good_us).alias("window_start_us"),
                 F.max(good_us).alias("window_end_us"),
             )
@@ -456,6 +523,10 @@ def analyze(
                     F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes")
                 ).limit(100),
                 "malformed": malformed.orderBy(F.desc("count")).limit(200),
+                "malformed_reasons": malformed.where(F.col("log") == "gateway")
+                .groupBy("reason")
+                .agg(F.sum("count").alias("count"))
+                .orderBy(F.desc("count"), "reason"),
                 "store_episodes": stores.orderBy("start").limit(50),
                 "send_delays": delays.orderBy(F.desc_nulls_last("longest_delay_ms")).limit(20),
                 "queues_with_episodes": summary.where(F.col("flow_stopped_count") > 0).select(
@@ -469,7 +540,7 @@ def analyze(
         kept.release()
     episode_counts = episode_stats.get
     totals = {
-        "events": int(counts["lines"]) - int(counts["malformed"]),
+        "events": int(counts["lines"]) - int(counts["malformed"]) - int(counts["ignored"]),
         "malformed lines": int(counts["malformed"]),
         "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
         "flow episodes": int(episode_counts["n"]),
@@ -477,6 +548,9 @@ def analyze(
         "channel blocks": int(block_stats.get["n"]),
         "store episodes": int(store_stats.get["n"]),
     }
+    ignored = int(counts["ignored"])
+    if ignored:
+        totals["other Broker-J lines (not analysed)"] = ignored
     data = ReportData(
         inputs=list(event_paths) + list(client_paths),
         window_start=_utc(window_start_us),
@@ -499,6 +573,8 @@ def analyze(
         out=out,
         events=totals["events"],
         malformed=totals["malformed lines"],
+        ignored=ignored,
+        malformed_reasons=tuple((r["reason"], int(r["count"])) for r in rows["malformed_reasons"]),
         episodes=totals["flow episodes"],
         seconds=time.monotonic() - started,
         phases=phases,
@@ -521,31 +597,58 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE.json",
         help="queue maxima (own format or an admin/management API /api/queues snapshot)",
     )
+    parser.add_argument(
+        "--default-flow-stop-threshold",
+        type=int,
+        default=DEFAULT_FLOW_STOP_THRESHOLD,
+        metavar="PCT",
+        help="the gateway's setting of that name, to find a queue's maximum from its default "
+        f"thresholds in a gateway /api/queues snapshot (default {DEFAULT_FLOW_STOP_THRESHOLD})",
+    )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the job; returns the process exit status (2 on bad arguments)."""
+def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None) -> int:
+    """Run the job; returns the process exit status.
+
+    0 on success, 1 when every event-log line was malformed (the commonest
+    reason is printed), 2 on bad arguments.  ``spark`` is a session to run
+    in (left running); by default the job builds its own and stops it.
+    """
     args = _parser().parse_args(argv)
     limits = None
     if args.queue_limits is not None:
         try:
-            limits = parse_queue_limits(json.loads(args.queue_limits.read_text(encoding="utf-8")))
+            limits = parse_queue_limits(
+                json.loads(args.queue_limits.read_text(encoding="utf-8")),
+                default_stop_pct=args.default_flow_stop_threshold,
+            )
         except (OSError, ValueError) as exc:
             print(f"rabbitflow-analyze: --queue-limits {args.queue_limits}: {exc}", file=sys.stderr)
             return 2
-    spark = build_session(args.master)
+    session = build_session(args.master) if spark is None else spark
     try:
         result = analyze(
-            spark, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
+            session, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
         )
     finally:
-        spark.stop()
+        if spark is None:
+            session.stop()
     print(
         f"rabbitflow-analyze: {result.events:,} events, {result.malformed:,} malformed lines, "
         f"{result.episodes:,} flow episodes in {result.seconds:.1f}s → {result.out}"
     )
+    if result.all_malformed:
+        reason, count = result.malformed_reasons[0]
+        print(
+            f"rabbitflow-analyze: error: every one of the {result.malformed:,} event-log lines "
+            f"is malformed; commonest reason: {reason} ({count:,} lines). Expected the "
+            "gateway's JSON event records or Broker-J operational log lines "
+            "(see the malformed table and docs/pipeline.md)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -62,6 +62,31 @@ def _label(row: Row) -> str:
     return str(row["queue"]) if vhost == "/" else f"{vhost}:{row['queue']}"
 
 
+#: Characters of a queue label that fit left of a chart (11 px text in 214 px).
+_LABEL_CHARS = 32
+
+
+def _short(label: str) -> str:
+    """``label`` cut to what fits left of a chart, with an ellipsis when cut."""
+    return label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "\u2026"
+
+
+def _label_text(x: float, y: float, label: str) -> str:
+    """A right-aligned chart label; a cut label keeps its full text as a tooltip."""
+    return (
+        f"<text x='{x}' y='{y}' text-anchor='end' class='lbl'>"
+        f"<title>{_e(label)}</title>{_e(_short(label))}</text>"
+    )
+
+
+def _svg_open(width: int, height: int, label: str) -> str:
+    """An SVG that draws at ``width`` px at most and shrinks with the page, never past it."""
+    return (
+        f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width} {height}' "
+        f"width='100%' style='max-width:{width}px' role='img' aria-label='{label}'>"
+    )
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f}s"
@@ -88,17 +113,12 @@ def timeline_svg(
     plot_w = width - left - 20
     height = top + line_h * len(labels) + 40
     cell_w = plot_w / buckets
-    parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"role='img' aria-label='episodes over time per queue'>"
-    ]
+    parts = [_svg_open(width, height, "episodes over time per queue")]
     for i, label in enumerate(labels):
         y = top + i * line_h
         fill = "#f4f6f7" if i % 2 == 0 else "#ffffff"
         parts.append(f"<rect x='{left}' y='{y}' width='{plot_w}' height='{line_h}' fill='{fill}'/>")
-        parts.append(
-            f"<text x='{left - 6}' y='{y + 13}' text-anchor='end' class='lbl'>{_e(label)}</text>"
-        )
+        parts.append(_label_text(left - 6, y + 13, label))
     index = {label: i for i, label in enumerate(labels)}
     for row in rows:
         if _label(row) not in index:
@@ -135,17 +155,14 @@ def bar_chart_svg(items: Sequence[tuple[str, float]], *, unit: str = "s", width:
     plot_w = width - left - 140
     top_value = max(v for _, v in items) or 1.0
     height = top + bar_h * len(items) + 10
-    parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"role='img' aria-label='bar chart'>"
-    ]
+    parts = [_svg_open(width, height, "bar chart")]
     for i, (label, value) in enumerate(items):
         y = top + i * bar_h
         w = plot_w * value / top_value
         shown = _duration(value) if unit == "s" else f"{value:,.1f}{unit}"
         parts.append(
-            f"<text x='{left - 6}' y='{y + 14}' text-anchor='end' class='lbl'>{_e(label)}</text>"
-            f"<rect x='{left}' y='{y + 3}' width='{max(w, 1):.1f}' height='{bar_h - 6}' "
+            _label_text(left - 6, y + 14, label)
+            + f"<rect x='{left}' y='{y + 3}' width='{max(w, 1):.1f}' height='{bar_h - 6}' "
             f"fill='{_PALETTE[1]}'/>"
             f"<text x='{left + w + 6:.1f}' y='{y + 14}' class='lbl'>{_e(shown)}</text>"
         )
@@ -165,8 +182,7 @@ def histogram_svg(rows: Sequence[Row], *, color: str = _PALETTE[2], width: int =
     bar_w = plot_w / len(ordered)
     peak = max(int(r["count"]) for r in ordered) or 1
     parts = [
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"role='img' aria-label='histogram'>",
+        _svg_open(width, height, "histogram"),
         f"<line x1='{left}' y1='{top + plot_h}' x2='{width - 10}' y2='{top + plot_h}' "
         f"class='axis'/>",
     ]
@@ -200,11 +216,16 @@ def _table(rows: Sequence[Row], columns: Sequence[str], *, empty: str) -> str:
         "<tr>" + "".join(f"<td>{_e(_fmt(row.get(c)))}</td>" for c in columns) + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        f"<div class='table'><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#1c2833}
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#1c2833;
+overflow-wrap:anywhere}svg{display:block;height:auto}
+.table{max-width:100%;overflow-x:auto}
 h1{font-size:24px;margin:0 0 4px}
 h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #d5d8dc}
 .meta{color:#566573;font-size:13px}.cards{display:flex;gap:12px;flex-wrap:wrap;margin:14px 0}
@@ -214,6 +235,7 @@ table{border-collapse:collapse;font-size:12px;margin:6px 0}th,td{border:1px soli
 padding:3px 6px;text-align:left;vertical-align:top}th{background:#eaeded}
 .lbl{font-size:11px;fill:#1c2833}.grid{stroke:#d5d8dc}.axis{stroke:#566573}
 .empty{color:#808b96;font-style:italic}.row{display:flex;gap:24px;flex-wrap:wrap}
+.row>div{flex:1 1 560px;min-width:0;max-width:640px}
 """
 
 

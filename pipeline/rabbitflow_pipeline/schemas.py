@@ -36,11 +36,13 @@ __all__ = [
     "EVENT_CODES",
     "EVENT_RECORD_SCHEMA",
     "EVENT_WIRE_SCHEMA",
+    "LIFECYCLE_CODES",
     "LINES_SCHEMA",
     "QUEUE_LIMITS_SCHEMA",
     "STORE_EPISODES_SCHEMA",
     "event_record_schema",
     "event_wire_schema",
+    "key_fields",
     "required_fields",
     "spark_type",
 ]
@@ -48,8 +50,14 @@ __all__ = [
 #: Name of the column Spark fills with a line it could not parse.
 CORRUPT_COLUMN = "_corrupt_record"
 
-#: The codes the pipeline understands (every gateway event class).
-EVENT_CODES: tuple[str, ...] = tuple(sorted(EVENT_TYPES))
+#: Broker-J's channel and connection close (``[con:7(...)/ch:1] CHN-1003 : Close``,
+#: ``[con:7(...)] CON-1002 : Close``): they end a channel's block.  The
+#: gateway logs them too; they are named here as well so that the pipeline
+#: reads them from Broker-J logs and from gateways of any version.
+LIFECYCLE_CODES: tuple[str, ...] = ("CHN-1003", "CON-1002")
+
+#: The codes the pipeline understands (every gateway event class, and the closes).
+EVENT_CODES: tuple[str, ...] = tuple(sorted(set(EVENT_TYPES) | set(LIFECYCLE_CODES)))
 
 #: The ``flow_event`` values of the SDK's client records.
 CLIENT_FLOW_EVENTS: tuple[str, ...] = (
@@ -105,6 +113,36 @@ def required_fields() -> dict[str, tuple[str, ...]]:
         ]
         result[code] = tuple(names)
     return result
+
+
+def key_fields(code: str) -> tuple[str, ...]:
+    """The fields an event of ``code`` cannot be analysed without.
+
+    Those that place it: the queue of a QUE event, the connection and
+    channel of a CHN event (and the blocking queue of CHN-1005), the vhost
+    of an MST event, the connection of a CON event.  They may come from the
+    record's fields or from its subject; figures (sizes, counts,
+    thresholds) are optional, null when neither the record nor its message
+    text carries them.
+    """
+    prefix = code[:4]
+    if prefix == "QUE-":
+        return ("vhost", "queue")
+    if prefix == "CHN-":
+        return (
+            ("vhost", "connection", "channel", "queue")
+            if code == "CHN-1005"
+            else (
+                "vhost",
+                "connection",
+                "channel",
+            )
+        )
+    if prefix == "MST-":
+        return ("vhost",)
+    if prefix == "CON-":
+        return ("connection",)
+    raise ValueError(f"no key fields for event code {code!r}")
 
 
 #: One gateway event-log record (every field of every event class).

@@ -11,8 +11,10 @@ Pairing rules (documented in docs/pipeline.md):
   QUE-1003 with no QUE-1004 between (a gateway restart re-announcing the
   state) does not open a second episode, and a QUE-1004 with no open
   episode is ignored;
-* a channel block runs from CHN-1005 to the next CHN-1006 or CHN-1012 of
-  the same (source, connection, channel);
+* a channel block runs from CHN-1005 to the next CHN-1006, CHN-1012 or
+  CHN-1003 (channel closed) of the same (source, connection, channel), or
+  to the first CON-1002 (connection closed) of its (source, connection)
+  after it, whichever comes first;
 * a store episode runs from MST-1008 to the next MST-1009 of the same vhost;
 * an episode with no closing event is ``open``: ``end`` and ``duration_s``
   are null.
@@ -44,11 +46,12 @@ from rabbitflow_pipeline.schemas import (
     EVENT_RECORD_SCHEMA,
     EVENT_WIRE_SCHEMA,
     STORE_EPISODES_SCHEMA,
-    required_fields,
+    key_fields,
 )
 
 __all__ = [
     "DEFAULT_HISTOGRAM_EDGES_S",
+    "IGNORED",
     "KEY_COLLISIONS_METRIC",
     "KeyHash",
     "advice",
@@ -65,6 +68,7 @@ __all__ = [
     "flow_intervals",
     "histogram_metrics",
     "histogram_rows",
+    "is_malformed",
     "malformed_from",
     "malformed_summary",
     "observed_window",
@@ -97,7 +101,8 @@ _WAIT_EVENTS = ("send_delayed", "send_failed")
 _QUEUE_OPEN = "QUE-1003"
 _QUEUE_CLOSE = "QUE-1004"
 _CHANNEL_OPEN = "CHN-1005"
-_CHANNEL_CLOSE = ("CHN-1006", "CHN-1012")
+_CHANNEL_CLOSE = ("CHN-1006", "CHN-1012", "CHN-1003")
+_CONNECTION_CLOSE = "CON-1002"
 _STORE_OPEN = "MST-1008"
 _STORE_CLOSE = "MST-1009"
 
@@ -127,39 +132,188 @@ def parse_event_lines(lines: DataFrame) -> DataFrame:
     return classify_events(raw)
 
 
+#: A Broker-J operational log line: a leading timestamp (ISO-8601 or log4j's
+#: ``yyyy-MM-dd HH:mm:ss,SSS``), then somewhere the bracketed subject right
+#: before ``CODE : text`` (Broker-J may print an actor subject first).
+_LINE_TS = (
+    r"^\s*(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}(?::?\d{2})?)?)"
+    r"(?:\s|$)"
+)
+_LINE_EVENT = r"\[([^\[\]]+)\]\s+([A-Z]{3}-\d{4})\s*:\s*(.*?)\s*$"
+
+# Fields recovered from a subject when the record lacks them.  Subjects are
+# ``[vh(/)/qu(orders)]``, ``[vh(/)/ms(RabbitMQ)]``,
+# ``[con:7(guest@127.0.0.1:50514/)/ch:1]`` and Broker-J's
+# ``[con:7(guest@/127.0.0.1:50514/test)/ch:1]`` (brackets optional).
+_SUBJECT_VHOST = r"vh\(([^)]*)\)"
+_SUBJECT_QUEUE = r"/qu\((.*)\)\]?$"
+_SUBJECT_STORE = r"/ms\((.*)\)\]?$"
+_SUBJECT_CONNECTION = r"con:(\d+)\((?:([^@()]*)@)?/?(.*?):(\d+)(/[^)]*)?\)"
+_SUBJECT_CHANNEL = r"/ch:(\d+)\]?$"
+
+# Figures recovered from a message when the record lacks them (QUE-1003,
+# QUE-1004 and CHN-1005 texts; Broker-J's QUE texts stop after Capacity).
+_MESSAGE_FIGURES = {
+    "size": r"Size : ([\d,]+) bytes",
+    "capacity": r"(?<!Message |Resume )Capacity : ([\d,]+)",
+    "resume_capacity": r"Resume Capacity : ([\d,]+)",
+    "messages": r"Messages : ([\d,]+)",
+    "message_capacity": r"Message Capacity : ([\d,]+)",
+}
+_MESSAGE_QUEUE = r"\(Queue (.*)\)$"
+# Figures only one of the two QUE events has (the others both have).
+_FIGURE_CODES = {"capacity": "QUE-1003", "resume_capacity": "QUE-1004"}
+
+#: ``malformed_reason`` of a Broker-J operational line whose code the
+#: analysis does not use (CON-1001, CHN-1001, ...): read, not malformed.
+IGNORED = "ignored"
+
+
+def _extract(text: Column, pattern: str, group: int = 1) -> Column:
+    """Group ``group`` of ``pattern`` in ``text``; null when it does not match (or is empty)."""
+    found = F.regexp_extract(text, pattern, group)
+    return F.when(found != F.lit(""), found)
+
+
+def _vhost_name(path: Column) -> Column:
+    """Broker-J's vhost spelling to the vhost: ``/`` is ``/``, ``/test`` is ``test``."""
+    return F.when(path == F.lit("/"), path).otherwise(F.regexp_replace(path, r"^/", ""))
+
+
+def _count(text: Column) -> Column:
+    return F.regexp_replace(text, ",", "").try_cast(T.LongType())
+
+
+def _completed(raw: DataFrame) -> DataFrame:
+    """Every record as a full one: Broker-J text lines read, missing fields from the text.
+
+    A line that is not a JSON object (the corrupt-record column holds it and
+    it does not start with ``{``) is read as a Broker-J operational line into
+    ``ts``/``code``/``subject``/``message``; then any subject field or figure
+    a record lacks is taken from its subject or message.  Each recovery is a
+    CASE on the field being null and the event's code having the field, so
+    full records pay no regular expression.
+    Adds ``_text`` (the line, for a text line) and ``_ts_text``.
+    """
+    corrupt = F.col(CORRUPT_COLUMN)
+    text = F.when(corrupt.isNotNull() & ~F.ltrim(corrupt).startswith("{"), corrupt)
+    lined = raw.select("*", text.alias("_text"))
+    line = F.col("_text")
+    read = lined.withColumns(
+        {
+            "_ts_text": F.coalesce(F.col("ts"), _extract(line, _LINE_TS)),
+            "code": F.coalesce(F.col("code"), _extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 3)),
+            "subject": F.coalesce(
+                F.col("subject"), _extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 2)
+            ),
+            "message": F.coalesce(
+                F.col("message"), F.regexp_extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 4)
+            ),
+        }
+    )
+    subject = F.col("subject")
+    message = F.col("message")
+    code = F.col("code")
+    queue_event = code.startswith("QUE-")
+    connection_event = code.startswith("CHN-") | code.startswith("CON-")
+    connection_field = _extract(subject, _SUBJECT_CONNECTION, 1)
+    # (value, the codes whose events have the field): a field is recovered
+    # only where it belongs, so a full record's null fields of other
+    # events (CHN-1006 has no queue, QUE-1004 no stop size) cost no regex.
+    recovered: dict[str, tuple[Column, Column]] = {
+        "vhost": (
+            F.coalesce(
+                _vhost_name(_extract(subject, _SUBJECT_VHOST)),
+                _vhost_name(_extract(subject, _SUBJECT_CONNECTION, 5)),
+            ),
+            F.lit(True),
+        ),
+        "queue": (
+            F.when(queue_event, _extract(subject, _SUBJECT_QUEUE)).otherwise(
+                _extract(message, _MESSAGE_QUEUE)
+            ),
+            queue_event | (code == F.lit("CHN-1005")),
+        ),
+        "store": (_extract(subject, _SUBJECT_STORE), code.startswith("MST-")),
+        "connection": (connection_field.try_cast(T.LongType()), connection_event),
+        "user": (_extract(subject, _SUBJECT_CONNECTION, 2), connection_event),
+        "remote_host": (_extract(subject, _SUBJECT_CONNECTION, 3), connection_event),
+        "remote_port": (
+            _extract(subject, _SUBJECT_CONNECTION, 4).try_cast(T.LongType()),
+            connection_event,
+        ),
+        "channel": (
+            _extract(subject, _SUBJECT_CHANNEL).try_cast(T.LongType()),
+            code.startswith("CHN-"),
+        ),
+        **{
+            name: (
+                _count(_extract(message, pattern)),
+                code == F.lit(_FIGURE_CODES[name]) if name in _FIGURE_CODES else queue_event,
+            )
+            for name, pattern in _MESSAGE_FIGURES.items()
+        },
+    }
+    return read.withColumns(
+        {
+            name: F.when(F.col(name).isNull() & applies, value).otherwise(F.col(name))
+            for name, (value, applies) in recovered.items()
+        }
+    )
+
+
 def classify_events(raw: DataFrame) -> DataFrame:
     """Type and check raw event records (:data:`EVENT_WIRE_SCHEMA` columns + ``source``).
 
+    Inputs are told apart by content: a JSON object is a gateway record,
+    any other line (Spark's JSON source leaves it in the corrupt-record
+    column) is read as a Broker-J operational log line.  A record needs
+    ``ts``, ``code`` and the fields that place it (:func:`key_fields`),
+    which it may carry as fields or in its ``subject``; figures it lacks are
+    read from its ``message`` (null when absent there too).
+
     Every record yields one row with the analysis columns of
     :data:`EVENT_RECORD_SCHEMA`, ``source``, ``seq`` (input position, for
-    tie-breaking) and ``malformed_reason``: null for a good event, else one
-    of ``bad_json`` (not a JSON object), ``bad_field`` (a field of the wrong
-    JSON type), ``bad_ts`` (``ts`` is not an ISO-8601 time), ``missing_ts``,
-    ``missing_code``, ``unknown_code``, ``missing_field`` (a field its code
-    requires).
+    tie-breaking) and ``malformed_reason``: null for a good event,
+    :data:`IGNORED` for a Broker-J line of a code the analysis does not use
+    (not malformed), else one of ``bad_json`` (a ``{`` line that is not a
+    JSON object), ``bad_field`` (a field of the wrong JSON type),
+    ``no_timestamp`` (a text line that does not start with a timestamp),
+    ``no_event_code`` (a timestamped line without ``[subject] CODE : text``),
+    ``bad_ts`` (the time is not a valid ISO-8601 time), ``missing_ts``,
+    ``missing_code``, ``unknown_code`` (a JSON record of a code the analysis
+    does not know), ``missing_field`` (a field that places the event, in
+    neither the record nor its subject).
     """
+    completed = _completed(raw)
     # ts travels as text and is cast here: Spark's cast is several times
     # faster than the JSON reader's pattern-based timestamp parser.
-    typed = raw.select(
+    iso = F.regexp_replace(F.regexp_replace(F.col("_ts_text"), r"^(\S+) (\S+)$", "$1T$2"), ",", ".")
+    iso = F.regexp_replace(iso, r"([+-]\d{2})(\d{2})$", "$1:$2")
+    typed = completed.select(
         "*",
         F.monotonically_increasing_id().alias("seq"),
-        F.col("ts").try_cast(T.TimestampType()).alias("_ts"),
+        F.when(F.col("_text").isNull(), F.col("ts").try_cast(T.TimestampType()))
+        .otherwise(iso.try_cast(T.TimestampType()))
+        .alias("_ts"),
     )
     missing_required = F.lit(False)
-    for code, names in required_fields().items():
+    for code in EVENT_CODES:
         lacks = F.lit(False)
-        for name in names:
+        for name in key_fields(code):
             lacks = lacks | F.col(name).isNull()
         missing_required = missing_required | ((F.col("code") == code) & lacks)
+    text = F.col("_text").isNotNull()
+    not_json = F.col(CORRUPT_COLUMN).isNotNull() & ~text
     reason = (
-        F.when(
-            F.col(CORRUPT_COLUMN).isNotNull() & F.col("ts").isNull() & F.col("code").isNull(),
-            "bad_json",
-        )
-        .when(F.col(CORRUPT_COLUMN).isNotNull(), "bad_field")
-        .when(F.col("ts").isNull(), "missing_ts")
+        F.when(text & F.col("_ts_text").isNull(), "no_timestamp")
+        .when(text & F.col("code").isNull(), "no_event_code")
+        .when(not_json & F.col("ts").isNull() & F.col("code").isNull(), "bad_json")
+        .when(not_json, "bad_field")
+        .when(F.col("_ts_text").isNull(), "missing_ts")
         .when(F.col("_ts").isNull(), "bad_ts")
         .when(F.col("code").isNull(), "missing_code")
+        .when(text & ~F.col("code").isin(*EVENT_CODES), IGNORED)
         .when(~F.col("code").isin(*EVENT_CODES), "unknown_code")
         .when(missing_required, "missing_field")
     )
@@ -169,6 +323,11 @@ def classify_events(raw: DataFrame) -> DataFrame:
         "seq",
         reason.alias("malformed_reason"),
     )
+
+
+def is_malformed(reason: Column) -> Column:
+    """True for a malformed line's ``malformed_reason`` (not for a good or ignored line)."""
+    return reason.isNotNull() & (reason != F.lit(IGNORED))
 
 
 def valid_events(parsed: DataFrame) -> DataFrame:
@@ -254,7 +413,7 @@ def malformed_summary(
     ``log`` is ``gateway`` or ``client``; client lines that are merely not
     flow records (``ignored``) are not malformed and not counted.
     """
-    gateway = parsed_events.where(F.col("malformed_reason").isNotNull()).select(
+    gateway = parsed_events.where(is_malformed(F.col("malformed_reason"))).select(
         F.lit("gateway").alias("log"), "source", F.col("malformed_reason").alias("reason")
     )
     return _count_malformed(gateway, parsed_client)
@@ -273,10 +432,17 @@ def _count_malformed(gateway: DataFrame, parsed_client: DataFrame | None) -> Dat
 _OPEN_CODES = (_QUEUE_OPEN, _CHANNEL_OPEN, _STORE_OPEN)
 
 # Internal kind numbers: a tinyint travels through the shuffle, the name is
-# put on at the end.
-_MALFORMED, _QUEUE, _CHANNEL, _STORE = 0, 1, 2, 3
-_KIND_NAMES = {_MALFORMED: "malformed", _QUEUE: "queue", _CHANNEL: "channel", _STORE: "store"}
-_KIND_PREFIXES = {"QUE-": _QUEUE, "CHN-": _CHANNEL, "MST-": _STORE}
+# put on at the end.  A ``connection`` row is a CON-1002: not an interval,
+# it ends the open blocks of its connection's channels (finish_intervals).
+_MALFORMED, _QUEUE, _CHANNEL, _STORE, _CONNECTION = 0, 1, 2, 3, 4
+_KIND_NAMES = {
+    _MALFORMED: "malformed",
+    _QUEUE: "queue",
+    _CHANNEL: "channel",
+    _STORE: "store",
+    _CONNECTION: "connection",
+}
+_KIND_PREFIXES = {"QUE-": _QUEUE, "CHN-": _CHANNEL, "MST-": _STORE, "CON-": _CONNECTION}
 
 #: Name of the :class:`~pyspark.sql.Observation` metric :func:`flow_intervals`
 #: reports when it partitions by the key hash alone.
@@ -338,8 +504,8 @@ def _key_parts(col: Callable[[str], Column]) -> list[Column]:
         kind,
         F.when(kind.isin(_QUEUE, _STORE), col("vhost")),
         F.when(kind == _QUEUE, col("queue")),
-        F.when(kind.isin(_MALFORMED, _CHANNEL), col("source")),
-        F.when(kind == _CHANNEL, col("connection")),
+        F.when(kind.isin(_MALFORMED, _CHANNEL, _CONNECTION), col("source")),
+        F.when(kind.isin(_CHANNEL, _CONNECTION), col("connection")),
         F.when(kind == _CHANNEL, col("channel")),
         F.when(kind == _MALFORMED, col("_reason")),
     ]
@@ -408,11 +574,14 @@ def pair_candidates(
     the raw end columns, and private columns (names starting with ``_``)
     for :func:`finish_intervals`.
     """
-    reason = (
-        F.col("malformed_reason")
-        if "malformed_reason" in parsed.columns
-        else F.lit(None).cast("string")
-    )
+    if "malformed_reason" in parsed.columns:
+        # Lines read but not analysed (IGNORED) take no part in the pairing.
+        parsed = parsed.where(
+            F.col("malformed_reason").isNull() | is_malformed(F.col("malformed_reason"))
+        )
+        reason = F.col("malformed_reason")
+    else:
+        reason = F.lit(None).cast("string")
     number = _code_number(F.col("code"))
     kind: Column = F.lit(None).cast("tinyint")
     for prefix, value in _KIND_PREFIXES.items():
@@ -437,6 +606,7 @@ def pair_candidates(
         # Salted, so it is independent of ``key_hash`` even when that is xxhash64.
         checks = [F.xxhash64(F.lit("rabbitflow-key"), *_key_parts(F.col)).alias("_k_check")]
     malformed = F.col("_kind") == F.lit(_MALFORMED)
+    closes_connection = F.col("_code") == F.lit(EVENT_CODES.index(_CONNECTION_CLOSE))
     # Rows are narrowed before the shuffle: what only an interval's start
     # uses travels in one struct, null on closing events, and what only its
     # end uses in another, null on opening events.  A null struct is one
@@ -450,7 +620,7 @@ def pair_candidates(
         "_k_hash",
         *checks,
         F.when(
-            opening | malformed,
+            opening | malformed | closes_connection,
             F.struct(*(F.col(c) for c in _START_COLUMNS)),
         ).alias("_s"),
         F.when(~opening & ~malformed, F.struct(*(F.col(c) for c in _CLOSE_COLUMNS))).alias("_e"),
@@ -490,8 +660,10 @@ def pair_candidates(
         kind_name = F.when(F.col("_kind") == F.lit(value), F.lit(name)).otherwise(kind_name)
     start = F.col("_s")
     # The next event is the end when it closes: a closing event (or nothing).
-    ends = ~malformed & ~F.col("_next_open")
-    return marked.where(malformed | starts | run_end).select(
+    # A connection close is a point, not an interval: it has no end.
+    connection_close = F.col("_code") == F.lit(EVENT_CODES.index(_CONNECTION_CLOSE))
+    ends = ~malformed & ~connection_close & ~F.col("_next_open")
+    return marked.where(malformed | starts | run_end | connection_close).select(
         kind_name.alias("kind"),
         *(start[c].alias(c) for c in ("vhost", "queue", "source", "connection", "channel", "user")),
         F.concat_ws(":", start["remote_host"], start["remote_port"].cast("string")).alias("remote"),
@@ -540,7 +712,9 @@ def finish_intervals(candidates: DataFrame, resolved: DataFrame | None = None) -
     it is computed here.
     """
     runs = resolve_runs(candidates) if resolved is None else resolved
-    rows = candidates.where(F.col("_run") == F.lit(_SINGLE)).unionByName(runs)
+    rows = _close_with_connections(
+        candidates.where(F.col("_run") == F.lit(_SINGLE)).unionByName(runs)
+    )
     return rows.select(
         "kind",
         "vhost",
@@ -568,6 +742,50 @@ def finish_intervals(candidates: DataFrame, resolved: DataFrame | None = None) -
         "resume_size",
         "reason",
     )
+
+
+def _close_with_connections(rows: DataFrame) -> DataFrame:
+    """End each channel block at its connection's first CON-1002 after it, if that comes first.
+
+    ``rows`` are interval candidates with their ends; the CON-1002 rows
+    (kind ``connection``) are consumed here.  "After" is in (``ts``,
+    ``seq``) order, as everywhere in the pairing.
+    """
+    kind = F.col("kind")
+    closes = rows.where(kind == F.lit("connection")).select(
+        F.col("source").alias("_c_source"),
+        F.col("connection").alias("_c_connection"),
+        F.col("start").alias("_c_ts"),
+        F.col("_seq").alias("_c_seq"),
+    )
+    blocks = rows.where(kind == F.lit("channel"))
+    after = (F.col("_c_ts") > F.col("start")) | (
+        (F.col("_c_ts") == F.col("start")) & (F.col("_c_seq") > F.col("_seq"))
+    )
+    first_close = (
+        blocks.select("_seq", "source", "connection", "start")
+        .join(
+            closes,
+            (F.col("source") == F.col("_c_source"))
+            & (F.col("connection") == F.col("_c_connection"))
+            & after,
+        )
+        .groupBy("_seq")
+        .agg(F.min("_c_ts").alias("_c_ts"))
+    )
+    closed = blocks.join(first_close, "_seq", "left")
+    by_connection = F.col("_c_ts").isNotNull() & (
+        F.col("end").isNull() | (F.col("_c_ts") < F.col("end"))
+    )
+    connection_code = F.lit(EVENT_CODES.index(_CONNECTION_CLOSE)).cast("tinyint")
+    ended = closed.withColumns(
+        {
+            "end": F.when(by_connection, F.col("_c_ts")).otherwise(F.col("end")),
+            "_end_code": F.when(by_connection, connection_code).otherwise(F.col("_end_code")),
+        }
+    ).drop("_c_ts")
+    others = rows.where(~kind.isin("channel", "connection"))
+    return others.unionByName(ended)
 
 
 def episodes_from(intervals: DataFrame) -> DataFrame:

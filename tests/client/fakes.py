@@ -12,7 +12,7 @@ from typing import Any
 import rabbitflow
 from rabbitflow._exceptions import InvalidDestinationError
 from rabbitflow._message import WireProperties
-from rabbitflow._transport import Delivery
+from rabbitflow._transport import _DETACHED, Delivery
 
 
 class FakeClock:
@@ -66,6 +66,10 @@ class FakeBroker:
     bindings: list[tuple[str, str, str]] = field(default_factory=list)
     published: list[Published] = field(default_factory=list)
     transports: list[FakeTransport] = field(default_factory=list)
+    # Faults for the transports made later, by their index in ``transports``:
+    # lose the connection at its k-th channel open, or at its first publish.
+    lose_at_channel_open: dict[int, int] = field(default_factory=dict)
+    lose_at_first_publish: set[int] = field(default_factory=set)
 
 
 class FakeChannel:
@@ -79,6 +83,7 @@ class FakeChannel:
         self.confirming = False
         self.transactional = False
         self.next_tag = 1
+        self.detached = False  # the SDK left it: emit_* reach nobody
         self.calls: list[tuple[Any, ...]] = []
 
     @property
@@ -124,6 +129,13 @@ class FakeChannel:
     def basic_consume_nowait(self, queue: str, **_kw: Any) -> None:
         self.calls.append(("consume", queue))
 
+    def basic_cancel_nowait(self) -> None:
+        self.calls.append(("cancel",))
+
+    def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
+        self.calls.append(("depth", queue))
+        on_depth(self.broker.queues.get(queue, {}).get("depth", 0))
+
     def qos_nowait(self, count: int) -> None:
         self.calls.append(("qos", count))
 
@@ -133,30 +145,51 @@ class FakeChannel:
     def publish(
         self, exchange: str, routing_key: str, body: bytes, props: WireProperties, mandatory: bool
     ) -> None:
+        if self.transport.lost or self.closed:
+            raise rabbitflow.ConnectionLostError("fake channel is gone")
+        if self.transport.index in self.broker.lose_at_first_publish:
+            self.broker.lose_at_first_publish.discard(self.transport.index)
+            self.transport.emit_lost()
+            raise rabbitflow.ConnectionLostError("fake connection cut at a publish")
         tag = self.next_tag
         self.next_tag += 1
         self.broker.published.append(
             Published(self.number, tag, exchange, routing_key, body, props)
         )
 
+    def publish_many(
+        self, items: list[tuple[str, str, bytes, WireProperties]], mandatory: bool
+    ) -> None:
+        for exchange, routing_key, body, props in items:
+            self.publish(exchange, routing_key, body, props, mandatory)
+
     def close(self) -> None:
         self.closed = True
 
+    def detach(self) -> None:
+        self.detached = True
+        self.handler = _DETACHED
+
     # ----------------------------------------------------------- broker side
     def emit_ack(self, tag: int, multiple: bool = False) -> None:
-        self.handler.on_confirm(tag, multiple, True)
+        if not self.detached:
+            self.handler.on_confirm(tag, multiple, True)
 
     def emit_nack(self, tag: int, multiple: bool = False) -> None:
-        self.handler.on_confirm(tag, multiple, False)
+        if not self.detached:
+            self.handler.on_confirm(tag, multiple, False)
 
     def emit_flow(self, active: bool) -> None:
-        self.handler.on_flow(active)
+        if not self.detached:
+            self.handler.on_flow(active)
 
     def emit_closed(self, error: rabbitflow.JMSException) -> None:
         self.closed = True
         self.handler.on_channel_closed(error)
 
     def emit_deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> None:
+        if self.detached:
+            return
         self.handler.on_deliver(
             Delivery(tag, redelivered, "", "q", body, WireProperties(content_type="text/plain"))
         )
@@ -185,9 +218,16 @@ class FakeTransport:
             raise self.fail_connect
         self.connected = True
 
+    @property
+    def index(self) -> int:
+        return self.broker.transports.index(self)
+
     def open_channel(self, handler: Any) -> FakeChannel:
         if not self.alive:
             raise rabbitflow.ConnectionLostError("fake transport is not connected")
+        if self.broker.lose_at_channel_open.get(self.index) == len(self.channels) + 1:
+            self.emit_lost()
+            raise rabbitflow.ConnectionLostError("fake connection cut at a channel open")
         channel = FakeChannel(self, len(self.channels) + 1, handler)
         self.channels.append(channel)
         return channel

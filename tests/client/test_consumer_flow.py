@@ -1,6 +1,13 @@
 import pytest
 
-from rabbitflow._consumer_flow import Ack, ConnectionFlow, SetPrefetch, StartConsuming
+from rabbitflow._consumer_flow import (
+    Ack,
+    ConnectionFlow,
+    ProbeQueue,
+    SetPrefetch,
+    StartConsuming,
+    StopConsuming,
+)
 
 
 def started(limit: int | None = None) -> ConnectionFlow:
@@ -9,9 +16,11 @@ def started(limit: int | None = None) -> ConnectionFlow:
     return flow
 
 
-def deliver(flow: ConnectionFlow, consumer: int, count: int, first_tag: int = 1) -> list[int]:
+def deliver(
+    flow: ConnectionFlow, consumer: int, count: int, first_tag: int = 1, now: float = 0.0
+) -> list[int]:
     for _ in range(count):
-        flow.delivered(consumer)
+        flow.delivered(consumer, now=now)
     return list(range(first_tag, first_tag + count))
 
 
@@ -89,13 +98,97 @@ def test_prefetch_is_never_set_to_zero() -> None:
     assert all(not (isinstance(a, SetPrefetch) and a.count == 0) for a in actions)
 
 
-def test_connection_limit_caps_the_sum_over_consumers() -> None:
-    flow = ConnectionFlow(12)
-    for consumer in (1, 2, 3):
-        flow.register(consumer, limit=1000, threshold_pct=50, app_acks=False)
+def test_connection_limit_is_one_total_not_a_share_per_consumer() -> None:
+    flow = ConnectionFlow(60)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
     flow.activate()
-    assert flow.outstanding == 12
-    assert [flow.stats(c).credit for c in (1, 2, 3)] == [4, 4, 4]
+    assert flow.outstanding == 60
+    assert [flow.stats(c).credit for c in (1, 2)] == [60, 0]
+
+
+def test_a_hungry_consumer_takes_back_credit_left_unused() -> None:
+    flow = ConnectionFlow(60, idle_after=0.25)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)  # its queue is empty
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
+    flow.activate(now=0.0)
+    assert flow.tick(0.1) == []  # consumer 1's credit is not stale yet
+    assert flow.wake_at() == 0.25
+    assert flow.tick(0.25) == [StopConsuming(1), SetPrefetch(2, 60), StartConsuming(2)]
+    assert [flow.stats(c).credit for c in (1, 2)] == [0, 60]
+
+
+def test_busy_consumer_batches_follow_the_threshold_rule_under_a_connection_limit() -> None:
+    flow = ConnectionFlow(60, idle_after=0.25)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)  # its queue is empty
+    flow.activate(now=0.0)
+    now = peak = tag = 0.0
+    for _ in range(600):  # consumer 1's queue is full: the broker fills every credit
+        deliver(flow, 1, flow.stats(1).credit, now=now)
+        peak = max(peak, flow.buffered)
+        tag += 1
+        now += 0.005
+        flow.processed(1, int(tag), now=now)
+        wake = flow.wake_at()
+        if wake is not None and wake <= now:
+            flow.tick(now)
+    assert peak == 60
+    assert flow.stats(1).max_buffered == 60
+    grants = flow.stats(1).grants
+    assert grants[0] == 60
+    assert all(30 <= g <= 60 for g in grants), grants
+    assert flow.stats(2).credit == 0  # its unused credit went back to consumer 1
+
+
+def test_an_idle_consumer_does_not_nibble_at_freed_room() -> None:
+    flow = ConnectionFlow(60)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.activate(now=0.0)
+    deliver(flow, 1, 60, now=0.0)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False, now=0.0)
+    flow.processed(1, 1, now=0.0)
+    assert flow.stats(2).credit == 0  # 1 free slot is no batch
+    for tag in range(2, 30):
+        flow.processed(1, tag, now=0.0)
+    assert flow.stats(2).credit == 0
+    flow.processed(1, 30, now=0.0)
+    # At consumer 1's threshold there is room for a batch: the never-granted
+    # consumer 2 has waited longest and gets it.
+    assert flow.stats(2).credit == 30
+    assert flow.outstanding == 60
+
+
+def test_a_stopped_consumer_is_probed_and_wants_a_batch_when_its_queue_fills() -> None:
+    flow = ConnectionFlow(60, idle_after=0.25, probe_interval=1.0)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
+    flow.activate(now=0.0)
+    flow.tick(0.25)  # consumer 1 stopped, consumer 2 holds the pool
+    deliver(flow, 2, 60, now=0.3)
+    assert flow.wake_at() == 1.25
+    assert flow.tick(1.25) == [ProbeQueue(1)]
+    assert flow.queue_depth(1, 0, now=1.3) == []
+    flow.tick(2.25)
+    flow.queue_depth(1, 5, now=2.3)
+    for tag in range(1, 31):  # consumer 2 reaches its threshold: consumer 1 is served first
+        flow.processed(2, tag, now=2.4)
+    assert flow.stats(1).credit == 30
+    assert flow.stats(2).credit == 0
+    assert flow.outstanding == 60
+
+
+def test_a_stopped_client_ack_consumer_can_still_acknowledge() -> None:
+    flow = ConnectionFlow(10, idle_after=0.25)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=True)
+    flow.activate(now=0.0)
+    deliver(flow, 1, 2, now=0.0)
+    flow.processed(1, 1, now=0.0)
+    flow.processed(1, 2, now=0.0)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False, now=0.0)
+    flow.tick(0.5)  # consumer 2 takes consumer 1's unused credit
+    assert flow.stats(1).credit == 0
+    assert flow.acknowledged(1, now=0.6) == [Ack(1, 2)]
 
 
 def test_connection_limit_holds_while_consumers_process() -> None:

@@ -31,6 +31,8 @@ def test_public_names_are_pinned() -> None:
             "ProtocolError",
             "Queue",
             "Session",
+            "StaleMessageError",
+            "TLSError",
             "TextMessage",
             "Topic",
             "TransactionRolledBackError",

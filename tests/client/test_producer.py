@@ -293,11 +293,40 @@ def test_send_on_a_closed_producer_is_refused() -> None:
         producer.send(session.create_text_message("x"))
 
 
-def test_close_reports_unconfirmed_messages() -> None:
+def test_close_reports_how_many_are_unconfirmed_and_that_they_may_be_enqueued() -> None:
     _, session, producer, _ = setup()
+    producer.send(session.create_text_message("x"))
+    with pytest.raises(
+        rabbitflow.JMSException,
+        match=r"1 sent message\(s\) not confirmed by the broker within 3 s; "
+        r"they may still be enqueued$",
+    ):
+        producer.close()
+
+
+def test_close_waits_for_confirms_at_most_the_wait_failure_time() -> None:
+    harness, session, producer, _ = setup()  # wait-failure 3000 ms
+    producer.send(session.create_text_message("x"))
+    start = harness.clock.now
+    with pytest.raises(rabbitflow.JMSException):
+        producer.close()
+    assert harness.clock.now - start == pytest.approx(3.0)
+
+
+def test_close_with_zero_wait_failure_does_not_wait() -> None:
+    harness, session, producer, _ = setup({"qpid.flow_control_wait_failure": 0})
     producer.send(session.create_text_message("x"))
     with pytest.raises(rabbitflow.JMSException, match="1 sent message"):
         producer.close()
+    assert harness.wait.waits == []
+
+
+def test_close_returns_when_the_last_confirm_arrives_while_it_waits() -> None:
+    harness, session, producer, channel = setup()
+    producer.send(session.create_text_message("x"))
+    harness.wait.during_wait = [lambda: channel.emit_ack(1)]
+    producer.close()
+    assert len(harness.wait.waits) == 1
 
 
 def test_close_returns_once_everything_is_confirmed() -> None:

@@ -2,11 +2,13 @@
 
 from collections.abc import Callable
 
+import pytest
+
 import rabbitflow
 from rabbitflow._connection import reconnect_strategy
 from rabbitflow._properties import ClientConfig
 
-from .fakes import make_harness
+from .fakes import Harness, make_harness
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -89,3 +91,90 @@ def test_strategy_waits_grow_up_to_the_maximum() -> None:
         pass
     assert len(sleeps) == 5
     assert all(0 < s <= 0.4 + 0.1 for s in sleeps)
+
+
+def _producers(
+    harness: Harness, count: int, capacity: int = 10
+) -> tuple[rabbitflow.Connection, list[tuple[rabbitflow.Session, rabbitflow.MessageProducer]]]:
+    connection = harness.factory.create_connection()
+    pairs = []
+    for n in range(count):
+        session = connection.create_session()
+        harness.broker.queues[f"q{n}"] = {}
+        pairs.append(
+            (session, session.create_producer(session.create_queue(f"q{n}"), capacity=capacity))
+        )
+    return connection, pairs
+
+
+def test_a_loss_while_restoring_a_session_resends_everything_on_the_next_attempt() -> None:
+    harness = make_harness()
+    connection, pairs = _producers(harness, 3)
+    for session, producer in pairs:
+        for n in (b"1", b"2"):
+            producer.send(session.create_bytes_message(n))
+    # The reconnection dies at its 4th channel open: session 1 (admin +
+    # producer channel) is restored and has re-sent, session 2 is not.
+    harness.broker.lose_at_channel_open[1] = 4
+    harness.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert len(harness.broker.transports) == 3
+    last = harness.broker.transports[2]
+    for n, (_, producer) in enumerate(pairs):
+        resent = [p for p in harness.broker.published if p.routing_key == f"q{n}"][-2:]
+        assert [p.body for p in resent] == [b"1", b"2"]
+        assert [p.tag for p in resent] == [1, 2]  # fresh confirm tags on the new channel
+        assert producer.flow_state == "open"
+    # Confirms of the last transport's channels complete every producer.
+    for channel in last.channels:
+        if channel.confirming:
+            channel.emit_ack(2, multiple=True)
+    assert [producer.unconfirmed_count for _, producer in pairs] == [0, 0, 0]
+
+
+def test_a_loss_at_the_first_publish_of_a_reconnection_loses_nothing() -> None:
+    harness = make_harness()
+    connection, pairs = _producers(harness, 2)
+    session, producer = pairs[0]
+    for n in (b"1", b"2", b"3"):
+        producer.send(session.create_bytes_message(n))
+    harness.broker.lose_at_first_publish.add(1)
+    harness.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    wait_for(lambda: producer.flow_state == "open", "the producer to reopen")
+    bodies = [p.body for p in harness.broker.published if p.routing_key == "q0"]
+    assert bodies[-3:] == [b"1", b"2", b"3"]
+    producer_channel = next(c for c in harness.transport.channels if c.handler is producer)
+    producer_channel.emit_ack(3, multiple=True)
+    assert producer.unconfirmed_count == 0
+
+
+def test_a_late_confirm_of_a_dead_channel_is_not_counted() -> None:
+    harness = make_harness()
+    connection, pairs = _producers(harness, 1)
+    session, producer = pairs[0]
+    producer.send(session.create_bytes_message(b"1"))
+    old = harness.transport.channels[-1]
+    harness.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    old.emit_ack(1)  # a late frame of the dead channel
+    assert producer.unconfirmed_count == 1
+    assert producer.confirmed_count == 0
+
+
+def test_a_consumer_hands_out_nothing_its_lost_channel_buffered() -> None:
+    harness = make_harness()
+    harness.broker.queues["q"] = {}
+    connection = harness.factory.create_connection()
+    session = connection.create_session(acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE)
+    consumer = session.create_consumer(session.create_queue("q"))
+    connection.start()
+    channel = harness.transport.channels[-1]
+    for tag in (1, 2, 3):
+        channel.emit_deliver(tag, str(tag).encode())
+    first = consumer.receive_no_wait()
+    assert first is not None
+    harness.transport.emit_lost()
+    assert consumer.receive_no_wait() is None  # 2 and 3 came on the lost channel
+    with pytest.raises(rabbitflow.StaleMessageError, match="channel that was lost"):
+        first.acknowledge()

@@ -105,6 +105,50 @@ def line(event: Event) -> str:
     return json.dumps(event.to_record())
 
 
+def _subject_vhost(vhost: str) -> str:
+    return vhost if vhost.startswith("/") else "/" + vhost
+
+
+def channel_closed(
+    t: float, connection: int, channel: int, *, vhost: str = "/", remote_port: int = 50514
+) -> str:
+    """A gateway JSON record of CHN-1003 (channel closed), as the gateway writes it."""
+    subject = (
+        f"[con:{connection}(guest@10.0.0.5:{remote_port}{_subject_vhost(vhost)})/ch:{channel}]"
+    )
+    return json.dumps(
+        {
+            "ts": at(t).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "code": "CHN-1003",
+            "subject": subject,
+            "message": "Close",
+            "vhost": vhost,
+            "connection": connection,
+            "user": "guest",
+            "remote_host": "10.0.0.5",
+            "remote_port": remote_port,
+            "channel": channel,
+        }
+    )
+
+
+def connection_closed(t: float, connection: int, *, vhost: str = "/") -> str:
+    """A gateway JSON record of CON-1002 (connection closed), as the gateway writes it."""
+    return json.dumps(
+        {
+            "ts": at(t).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "code": "CON-1002",
+            "subject": f"[con:{connection}(guest@10.0.0.5:50514{_subject_vhost(vhost)})]",
+            "message": "Close",
+            "vhost": vhost,
+            "connection": connection,
+            "user": "guest",
+            "remote_host": "10.0.0.5",
+            "remote_port": 50514,
+        }
+    )
+
+
 def lines_df(spark: SparkSession, rows: list[tuple[str, str]]) -> DataFrame:
     """(source, line) rows in one partition, so input order is the log's order."""
     return spark.createDataFrame([(text, source) for source, text in rows], LINES_SCHEMA).coalesce(

@@ -11,6 +11,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.gateway import Gateway
 from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, parse_queue_limits
 
 from .logs import at, client_line, enforced, line, over, removed, store_over, under
@@ -169,6 +171,50 @@ def test_parse_queue_limits_reads_own_and_management_formats() -> None:
         ("/", "c", 70, None),
         ("/", "d", None, None),
     ]
+
+
+def test_parse_queue_limits_reads_qpid_maxima_of_a_management_snapshot() -> None:
+    document = [{"name": "q", "vhost": "/", "arguments": {"qpid.max_count": 500}}]
+    assert parse_queue_limits(document) == [("/", "q", 500, None)]
+
+
+def gateway_api_queues() -> list[dict[str, Any]]:
+    """``GET /api/queues`` of a real gateway hub, as its admin API serialises it."""
+    gateway = Gateway(GatewayConfig(), sink=lambda _: None)
+    reject = {"x-overflow": "reject-publish"}
+    gateway.queue_declared("/", "bounded", {"x-max-length": 1000, **reject})
+    gateway.queue_declared("/", "odd", {"x-max-length": 1001, **reject})
+    gateway.queue_declared("v", "bytes", {"x-max-length-bytes": 50_000, **reject})
+    gateway.queue_declared("/", "own", {"qpid.flow_stop_count": 10})
+    gateway.queue_declared("/", "plain", {})
+    result: list[dict[str, Any]] = json.loads(
+        json.dumps([s.to_json() for s in gateway.snapshots()])
+    )
+    return result
+
+
+def test_parse_queue_limits_finds_the_maxima_of_a_gateway_snapshot() -> None:
+    limits = parse_queue_limits(gateway_api_queues())
+    assert sorted(limits, key=lambda row: row[1]) == [
+        ("/", "bounded", 1000, None),
+        # 1001 * 80% rounds down to the same stop as 1000: the smaller maximum is taken.
+        ("v", "bytes", None, 50_000),
+        ("/", "odd", 1000, None),
+        ("/", "own", None, None),
+        ("/", "plain", None, GatewayConfig().default_queue_limit),
+    ]
+
+
+def test_parse_queue_limits_derives_with_the_gateways_stop_percentage() -> None:
+    snapshot = [
+        {"name": "q", "vhost": "/", "source": "default", "flowStopCount": 500, "flowStopSize": 0}
+    ]
+    assert parse_queue_limits(snapshot, default_stop_pct=50) == [("/", "q", 1000, None)]
+
+
+def test_parse_queue_limits_prefers_a_maximum_the_gateway_shows() -> None:
+    snapshot = [{"name": "q", "source": "arguments", "flowStopCount": 10, "maxCount": 300}]
+    assert parse_queue_limits(snapshot) == [("/", "q", 300, None)]
 
 
 def test_parse_queue_limits_refuses_an_entry_without_a_name() -> None:

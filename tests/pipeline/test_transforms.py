@@ -23,7 +23,9 @@ from .logs import (
     GW_A,
     GW_B,
     at,
+    channel_closed,
     client_line,
+    connection_closed,
     enforced,
     gateway_log,
     ignored,
@@ -97,7 +99,8 @@ def test_parse_event_lines_types_a_good_event(spark: SparkSession) -> None:
 
 def test_parse_event_lines_names_the_reason_of_each_malformed_line(spark: SparkSession) -> None:
     good = json.loads(line(over(1, "orders")))
-    no_queue = {k: v for k, v in good.items() if k != "queue"}
+    # Neither the field nor the subject says which queue.
+    no_queue = {k: v for k, v in good.items() if k not in ("queue", "subject")}
     rows = [
         (GW_A, "{not json"),
         (GW_A, json.dumps({k: v for k, v in good.items() if k != "ts"})),
@@ -181,7 +184,9 @@ def test_malformed_summary_counts_per_log_source_and_reason(spark: SparkSession)
     assertDataFrameEqual(
         tf.malformed_summary(events, client),
         [
-            ("gateway", GW_A, "bad_json", 2),
+            ("gateway", GW_A, "bad_json", 1),
+            # Not a JSON object, so read as a text line, which has no leading timestamp.
+            ("gateway", GW_A, "no_timestamp", 1),
             ("gateway", GW_B, "missing_ts", 1),
             ("client", "c.log", "bad_json", 1),
         ],
@@ -387,6 +392,87 @@ def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSes
         CHANNEL_BLOCKS_SCHEMA,
     )
     assertDataFrameEqual(tf.channel_blocks(events), expected)
+
+
+def blocks_of(spark: SparkSession, *rows: tuple[str, str]) -> DataFrame:
+    """Channel blocks of (source, line) rows in that order."""
+    return tf.channel_blocks(tf.valid_events(tf.parse_event_lines(lines_df(spark, list(rows)))))
+
+
+def test_channel_close_ends_its_open_block(spark: SparkSession) -> None:
+    blocks = blocks_of(
+        spark, (GW_A, line(enforced(1, 7, 1, "orders"))), (GW_A, channel_closed(5, 7, 1))
+    )
+    expected = spark.createDataFrame(
+        [block(7, 1, "orders", 1, 5, closed_by="CHN-1003")], CHANNEL_BLOCKS_SCHEMA
+    )
+    assertDataFrameEqual(blocks, expected)
+
+
+def test_connection_close_ends_every_open_block_of_that_connection_only(
+    spark: SparkSession,
+) -> None:
+    blocks = blocks_of(
+        spark,
+        (GW_A, line(enforced(1, 7, 1, "orders"))),
+        (GW_A, line(enforced(2, 7, 2, "orders"))),
+        (GW_A, line(enforced(3, 8, 1, "orders"))),
+        (GW_B, line(enforced(3, 7, 1, "orders"))),
+        (GW_A, connection_closed(6, 7)),
+    )
+    expected = spark.createDataFrame(
+        [
+            block(7, 1, "orders", 1, 6, closed_by="CON-1002"),
+            block(7, 2, "orders", 2, 6, closed_by="CON-1002"),
+            block(8, 1, "orders", 3, None, closed_by=None),
+            block(7, 1, "orders", 3, None, closed_by=None, source=GW_B),
+        ],
+        CHANNEL_BLOCKS_SCHEMA,
+    )
+    assertDataFrameEqual(blocks, expected)
+
+
+def test_block_ends_at_whichever_close_comes_first(spark: SparkSession) -> None:
+    blocks = blocks_of(
+        spark,
+        (GW_A, line(enforced(1, 7, 1, "orders"))),
+        (GW_A, line(enforced(1, 7, 2, "orders"))),
+        (GW_A, channel_closed(4, 7, 1)),
+        (GW_A, line(removed(8, 7, 2))),
+        (GW_A, connection_closed(6, 7)),
+    )
+    expected = spark.createDataFrame(
+        [
+            block(7, 1, "orders", 1, 4, closed_by="CHN-1003"),
+            block(7, 2, "orders", 1, 6, closed_by="CON-1002"),
+        ],
+        CHANNEL_BLOCKS_SCHEMA,
+    )
+    assertDataFrameEqual(blocks, expected)
+
+
+def test_connection_close_before_a_block_does_not_end_it(spark: SparkSession) -> None:
+    blocks = blocks_of(
+        spark, (GW_A, connection_closed(1, 7)), (GW_A, line(enforced(2, 7, 1, "orders")))
+    )
+    expected = spark.createDataFrame(
+        [block(7, 1, "orders", 2, None, closed_by=None)], CHANNEL_BLOCKS_SCHEMA
+    )
+    assertDataFrameEqual(blocks, expected)
+
+
+def test_channel_close_with_nothing_open_makes_no_block(spark: SparkSession) -> None:
+    blocks = blocks_of(
+        spark,
+        (GW_A, line(enforced(1, 7, 1, "orders"))),
+        (GW_A, line(removed(2, 7, 1))),
+        (GW_A, channel_closed(3, 7, 1)),
+        (GW_A, connection_closed(4, 7)),
+    )
+    expected = spark.createDataFrame(
+        [block(7, 1, "orders", 1, 2, closed_by="CHN-1006")], CHANNEL_BLOCKS_SCHEMA
+    )
+    assertDataFrameEqual(blocks, expected)
 
 
 # --- store episodes ------------------------------------------------------------------------
