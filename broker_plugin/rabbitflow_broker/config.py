@@ -60,8 +60,8 @@ class GatewayConfig:
     store_overfull_size: int = 0
     store_underfull_size: int = 0
     flow_enforcement_timeout: int = 5000
-    #: Seconds a client may take from connecting to Connection.Open-Ok.
-    handshake_timeout: int = 10
+    #: Milliseconds a client may take from connecting to Connection.Open-Ok.
+    handshake_timeout: int = 10_000
     event_log: str | None = None
     log_format: Literal["console", "json"] = "console"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -286,8 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
         "store_overfull_size": "vhost store bytes that block all producers (0 = off)",
         "store_underfull_size": "vhost store bytes under which producers resume (0 = off)",
         "flow_enforcement_timeout": "ms a flowed channel may keep publishing (5000)",
-        "handshake_timeout": "seconds a client may take to log in and open its connection "
-        "(10; 0 = no limit)",
+        "handshake_timeout": "ms a client may take to log in and open its connection "
+        "(10000; 0 = no limit)",
         "event_log": "append events as JSON lines to this file",
         "log_format": "console or json (default console)",
         "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",

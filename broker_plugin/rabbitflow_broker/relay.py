@@ -68,7 +68,7 @@ class Relay(EngineViews, asyncio.Protocol):
         )
         settings = EngineSettings(
             flow_enforcement_timeout=timeout / 1000 if timeout else None,
-            handshake_timeout=float(handshake) if handshake else None,
+            handshake_timeout=handshake / 1000 if handshake else None,
         )
         self.engine = Engine(gateway, number=self.number, settings=settings)
         self._client: asyncio.Transport | None = None
