@@ -174,15 +174,17 @@ def _bad(what: str) -> FrameError:
     return FrameError(SYNTAX_ERROR, f"malformed {what}")
 
 
-def _text(raw: bytes) -> str | bytes:
+def _text(raw: bytes | bytearray) -> str | bytes:
     """A string value: ``str`` when it is UTF-8, else the raw bytes."""
     try:
         return raw.decode()
     except UnicodeDecodeError:
-        return raw
+        return bytes(raw)
 
 
-def decode_table(data: bytes, pos: int, end: int, depth: int = 0) -> tuple[dict[str, object], int]:
+def decode_table(
+    data: bytes | bytearray, pos: int, end: int, depth: int = 0
+) -> tuple[dict[str, object], int]:
     """Decode the field table at ``data[pos:]`` (its 4-byte size first) within ``end``.
 
     Linear in the table's bytes.  Returns (table, position after it).
@@ -211,7 +213,7 @@ def decode_table(data: bytes, pos: int, end: int, depth: int = 0) -> tuple[dict[
     return table, stop
 
 
-def _value(data: bytes, pos: int, end: int, depth: int) -> tuple[object, int]:
+def _value(data: bytes | bytearray, pos: int, end: int, depth: int) -> tuple[object, int]:
     kind = data[pos]
     pos += 1
     scalar = _SCALARS.get(kind)
@@ -256,7 +258,7 @@ def _value(data: bytes, pos: int, end: int, depth: int) -> tuple[object, int]:
     raise _bad(f"field table: unknown field type 0x{kind:02x}")
 
 
-def _array(data: bytes, pos: int, end: int, depth: int) -> tuple[object, int]:
+def _array(data: bytes | bytearray, pos: int, end: int, depth: int) -> tuple[object, int]:
     if pos + 4 > end:
         raise _bad("field array")
     (size,) = _U32.unpack_from(data, pos)
@@ -273,7 +275,7 @@ def _array(data: bytes, pos: int, end: int, depth: int) -> tuple[object, int]:
     return items, stop
 
 
-def skip_table(data: bytes, pos: int, end: int) -> int:
+def skip_table(data: bytes | bytearray, pos: int, end: int) -> int:
     """Position after the field table at ``pos`` (its size only is read).
 
     Raises:
@@ -397,8 +399,9 @@ class ContentInfo:
         self.headers = headers
 
 
-def content_properties(payload: bytes) -> ContentInfo:
-    """Body size, delivery mode and the (undecoded) headers of a content header.
+def content_properties(data: bytes | bytearray, start: int = 0, end: int = -1) -> ContentInfo:
+    """Body size, delivery mode and the (undecoded) headers of the content
+    header payload ``data[start:end]`` (all of ``data`` by default).
 
     Reads only the property flags and the lengths in front of the headers
     table and delivery mode; nothing else is decoded.
@@ -407,25 +410,26 @@ def content_properties(payload: bytes) -> ContentInfo:
         FrameError: 501 when the header is shorter than its fixed part,
             502 when the properties run past the frame.
     """
-    end = len(payload)
-    if end < 14:
+    if end < 0:
+        end = len(data)
+    if end - start < 14:
         raise FrameError(FRAME_ERROR, "content header too short")
-    _class, _weight, body_size, flags = _HEADER.unpack_from(payload, 0)
+    _class, _weight, body_size, flags = _HEADER.unpack_from(data, start)
     if not flags & 0xF000:
         return ContentInfo(body_size, False, None)
-    pos = 14
+    pos = start + 14
     try:
         if flags & 0x8000:
-            pos += 1 + payload[pos]
+            pos += 1 + data[pos]
         if flags & 0x4000:
-            pos += 1 + payload[pos]
+            pos += 1 + data[pos]
         headers = None
         if flags & 0x2000:
-            stop = skip_table(payload, pos, end)
+            stop = skip_table(data, pos, end)
             if stop - pos > 4:
-                headers = LazyHeaders(payload, pos, stop)
+                headers = LazyHeaders(bytes(data[pos:stop]), 0, stop - pos)
             pos = stop
-        persistent = bool(flags & 0x1000) and payload[pos] == 2
+        persistent = bool(flags & 0x1000) and pos < end and data[pos] == 2
     except IndexError:
         raise _bad("content header") from None
     return ContentInfo(body_size, persistent, headers)

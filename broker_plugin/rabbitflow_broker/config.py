@@ -60,6 +60,7 @@ class GatewayConfig:
     store_overfull_size: int = 0
     store_underfull_size: int = 0
     flow_enforcement_timeout: int = 5000
+    #: Milliseconds a client may take from connecting to Connection.Open-Ok.
     handshake_timeout: int = 10_000
     event_log: str | None = None
     log_format: Literal["console", "json"] = "console"

@@ -85,6 +85,20 @@ class ConfirmTracker:
                 ready.append(seq)
         return self._emit(ready, ack=True), held
 
+    def ack_one(self, tag: int, is_blocked: IsBlocked) -> bool:
+        """Fast path of :meth:`upstream_ack` for a single ack: when ``tag`` is
+        the oldest number the client waits for and its route is free, record
+        it and return True (the ack goes to the client as it came); else
+        change nothing and return False."""
+        route = self._unconfirmed.get(tag)
+        if route is None or (route and is_blocked(route)):
+            return False
+        if next(iter(self._outstanding)) != tag:
+            return False
+        del self._unconfirmed[tag]
+        del self._outstanding[tag]
+        return True
+
     def upstream_nack(self, tag: int, multiple: bool) -> tuple[list[Confirm], list[Route]]:
         """RabbitMQ nacked ``tag``; nacks pass at once.  Also returns the nacked routes."""
         seqs = self._covered(tag, multiple)

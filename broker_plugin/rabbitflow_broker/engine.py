@@ -25,17 +25,24 @@ receives.  The gateway's own limits close the connection itself
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from collections.abc import Callable
+from typing import Any, Final
 
 from rabbitflow_broker import amqp
 from rabbitflow_broker.amqp import CONTENT_METHODS, content_properties, decode_args, text
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.engine_channel import Channel
+from rabbitflow_broker.engine_flow import (
+    PAUSE_BYTES,
+    PAUSE_MESSAGES,
+    REPEAT_OFFENCE_S,
+    Allowance,
+    Verdict,
+)
+from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Inbound, Out, content_unit
+from rabbitflow_broker.engine_upstream import FromUpstream
 from rabbitflow_broker.events import ConnectionClosed, Event
 from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, UNEXPECTED_FRAME, FrameError
-from rabbitflow_broker.gateway import BlockedChannel
 
 __all__ = [
     "PAUSE_BYTES",
@@ -52,12 +59,6 @@ __all__ = [
 PRE_LOGIN_FRAME_MAX: Final = 4096
 #: Bytes a connection may have buffered before RabbitMQ accepted its login.
 PRE_LOGIN_BUFFER: Final = 64 * 1024
-#: Messages / body bytes a connection may publish on flowed channels
-#: (summed over its channels) before its reads are paused.
-PAUSE_MESSAGES: Final = 2000
-PAUSE_BYTES: Final = 1024 * 1024
-#: A connection that ignores flow this soon after a CHN-1012 is closed.
-REPEAT_OFFENCE_S: Final = 60.0
 #: How long to wait for the client's Close-Ok before closing the socket.
 CLOSE_GRACE_S: Final = 1.0
 
@@ -66,94 +67,6 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
 _CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
-
-
-class Hub(Protocol):
-    """The shared gateway state one connection may use (narrow on purpose)."""
-
-    def published(self, vhost: str, route: Route, size: int) -> None: ...
-    def removed(self, vhost: str, queue: str, messages: int, size: int) -> None: ...
-    def persistent_published(self, vhost: str, size: int) -> None: ...
-    def route_blocker(self, vhost: str) -> Callable[[Route], bool]: ...
-    def blockers(self, vhost: str, route: Route) -> list[str]: ...
-    def blocker_active(self, vhost: str, blocker: str) -> bool: ...
-    def vhost_blocked(self, vhost: str) -> bool: ...
-    def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route: ...
-    def validate_declare(self, arguments: Mapping[str, object] | None) -> None: ...
-    def confirmed(
-        self, vhost: str, request: int, args: list[object], reply: Any, last: str
-    ) -> None: ...
-    def now(self) -> Any: ...
-
-    @property
-    def store_quota_on(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSettings:
-    """Per-connection limits, from the gateway's configuration."""
-
-    flow_enforcement_timeout: float | None = 5.0  # seconds; None: never close
-    handshake_timeout: float | None = 10.0
-
-
-@dataclass(slots=True)
-class Actions:
-    """What the driver must do after a call into the engine, in this order."""
-
-    to_upstream: list[bytes] = field(default_factory=list)
-    to_client: list[bytes] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    read_client: bool = True
-    timer: float | None = None  # monotonic time to call tick() at
-    close: bool = False  # flush what is above, then close both sockets
-
-
-class _Inbound:
-    """One direction's byte buffer: scanned in place, compacted only when a
-    frame is left incomplete."""
-
-    __slots__ = ("expect_header", "max_frame", "need", "pending", "remaining")
-
-    def __init__(self, max_frame: int) -> None:
-        self.pending = bytearray()
-        self.need = 0  # bytes ``pending`` must hold before a scan can progress
-        self.max_frame = max_frame
-        self.expect_header: set[int] = set()  # channels between content method and header
-        self.remaining: dict[int, int] = {}  # channel -> body bytes still due
-
-
-class _Out:
-    """Forwarded bytes of one direction: runs of the input buffer plus frames
-    the gateway adds, in order."""
-
-    __slots__ = ("buf", "end", "parts", "start")
-
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
-        self.buf: bytes | bytearray | None = None
-        self.start = self.end = 0
-
-    def keep(self, buf: bytes | bytearray, start: int, end: int) -> None:
-        if self.buf is buf and self.end == start:
-            self.end = end
-            return
-        self.flush()
-        self.buf, self.start, self.end = buf, start, end
-
-    def flush(self) -> None:
-        buf = self.buf
-        if buf is not None:
-            if isinstance(buf, bytes):
-                whole = self.start == 0 and self.end == len(buf)
-                self.parts.append(buf if whole else buf[self.start : self.end])
-            else:
-                self.parts.append(bytes(memoryview(buf)[self.start : self.end]))
-            self.buf = None
-
-    def add(self, frame: bytes) -> None:
-        self.flush()
-        self.parts.append(frame)
 
 
 class Engine:
@@ -179,8 +92,9 @@ class Engine:
         # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
         # frames of a client that reopens the number meanwhile wait here.
         self.upstream_closing: dict[int, list[bytes]] = {}
-        self._client = _Inbound(PRE_LOGIN_FRAME_MAX)
-        self._upstream = _Inbound(1 << 31)
+        self._client = Inbound(PRE_LOGIN_FRAME_MAX)
+        self._from_upstream = FromUpstream(self)
+        self._upstream = self._from_upstream.inbound
         self._header_seen = False
         self._upstream_ready = False
         self._logged_in = False  # RabbitMQ sent Tune: it accepted the login
@@ -193,14 +107,13 @@ class Engine:
         self._flow_paused = False
         self._blocked_capable = False
         self._started: float | None = None
-        # Back-pressure allowance, per connection (summed over its channels).
-        self.flowed_messages = 0
-        self.flowed_bytes = 0
-        self.last_ignored: float | None = None
-        self._deferred: list[tuple[int, bytes]] = []
+        self.allowance = Allowance(self.settings.flow_enforcement_timeout)
+        #: Whether a route is blocked, as of the last refresh (a hint: blocking
+        #: itself is decided by the hub; refresh() renews it on every change).
+        self.route_blocked: Callable[[Route], bool] = hub.route_blocker(self.vhost)
         self._acts = Actions()
-        self._up = _Out(self._acts.to_upstream)
-        self._down = _Out(self._acts.to_client)
+        self._up = Out(self._acts.to_upstream)
+        self._down = Out(self._acts.to_client)
         self.now = 0.0
 
     # -- driver interface ----------------------------------------------------
@@ -241,7 +154,7 @@ class Engine:
         self._begin(now)
         if not self._closed:
             try:
-                self._parse_upstream(data)
+                self._from_upstream.receive(data, self._down, self._up)
             except FrameError as exc:
                 self._down.add(amqp.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {exc.text}"))
                 self._closed = True
@@ -253,7 +166,7 @@ class Engine:
         if self._closing_at is not None and now >= self._closing_at:
             self._closed = True
         elif not self._open and self._started is not None and self._handshake_expired(now):
-            self.close_connection(FRAME_ERROR, "handshake timeout")
+            self.close_connection(amqp.CONNECTION_FORCED, "handshake timeout")
         else:
             self._resume_if_allowed()
         return self._finish()
@@ -304,8 +217,8 @@ class Engine:
     def _begin(self, now: float) -> None:
         self.now = now
         acts = self._acts = Actions()
-        self._up = _Out(acts.to_upstream)
-        self._down = _Out(acts.to_client)
+        self._up.collect(acts.to_upstream)
+        self._down.collect(acts.to_client)
 
     def _finish(self) -> Actions:
         self._up.flush()
@@ -328,7 +241,7 @@ class Engine:
         return timeout is not None and self._started is not None and now >= self._started + timeout
 
     def _next_timer(self) -> float | None:
-        if self._closed:
+        if self._closed or (self._open and not self._flow_paused and self._closing_at is None):
             return None
         if self._closing_at is not None:
             return self._closing_at
@@ -337,22 +250,14 @@ class Engine:
         if not self._open and timeout is not None and self._started is not None:
             deadlines.append(self._started + timeout)
         if self._flow_paused:
-            until = self.pause_until()
+            until = self._pause_until()
             if until is not None and until != float("inf"):
                 deadlines.append(until)
         return min(deadlines) if deadlines else None
 
     def send_client(self, channel: int, frame: bytes) -> None:
-        """A frame of the gateway's own for the client, never inside a delivery
-        on that channel and never ahead of an earlier one for it."""
-        if (
-            channel in self._upstream.remaining
-            or channel in self._upstream.expect_header
-            or (self._deferred and any(number == channel for number, _ in self._deferred))
-        ):
-            self._deferred.append((channel, frame))
-        else:
-            self._down.add(frame)
+        """A frame of the gateway's own for the client (see :meth:`FromUpstream.send_client`)."""
+        self._from_upstream.send_client(channel, frame, self._down)
 
     def send_upstream(self, frame: bytes) -> None:
         """A frame of the gateway's own for RabbitMQ, after what was read so far."""
@@ -402,8 +307,8 @@ class Engine:
         if self._passthrough:
             self._up.add(bytes(buf[pos:]))
             pos = len(buf)
-        self._up.flush()  # before the buffer it points into is compacted
         if buf is pending:
+            self._up.flush()  # before the buffer it points into is compacted
             del pending[:pos]
         else:
             pending += buf[pos:]
@@ -462,7 +367,7 @@ class Engine:
                     and not channel.closed_by_gateway
                     and number not in self.upstream_closing
                 ):
-                    unit_end = self._publish_unit(channel, buf, pos, end, size_all)
+                    unit_end = self._publish_unit(channel, buf, pos, end)
                     if unit_end:
                         up.keep(buf, pos, unit_end)
                         pos = unit_end
@@ -472,6 +377,8 @@ class Engine:
             keep = self._client_frame(buf, pos, end, kind=kind, number=number, channel=channel)
             if self._passthrough:
                 return pos
+            if self._closing_at is not None:  # closed meanwhile: the rest goes nowhere
+                return size_all
             if keep:
                 stash = self.upstream_closing.get(number) if number else None
                 if stash is None:
@@ -485,35 +392,18 @@ class Engine:
         inbound.need = 7
         return pos
 
-    def _publish_unit(
-        self, channel: Channel, buf: bytes | bytearray, pos: int, end: int, size_all: int
-    ) -> int:
+    def _publish_unit(self, channel: Channel, buf: bytes | bytearray, pos: int, end: int) -> int:
         """A whole publish (method, header, one body frame) in ``buf``: account
         for it at once and return where it ends; 0 for the frame-by-frame path."""
-        if end + 7 > size_all or channel.number in self._client.expect_header:
+        number = channel.number
+        if self._mid_content(self._client, number):
             return 0
-        kind, number, size = _FRAME.unpack_from(buf, end)
-        header_end = end + size + 8
-        if kind != _HEADER or number != channel.number or header_end + 7 > size_all or size < 14:
-            return 0
-        body_kind, body_number, body_size = _FRAME.unpack_from(buf, header_end)
-        unit_end: int = header_end + body_size + 8
-        if (
-            body_kind != _BODY
-            or body_number != channel.number
-            or unit_end > size_all
-            or buf[end - 1] != 0xCE
-            or buf[header_end - 1] != 0xCE
-            or buf[unit_end - 1] != 0xCE
-            or body_size > self._client.max_frame
-        ):
-            return 0
-        (announced,) = _U64.unpack_from(buf, end + 11)
-        if announced != body_size or body_size == 0:
+        header_end, unit_end = content_unit(buf, end, number, self._client.max_frame)
+        if not unit_end:
             return 0
         try:
-            channel.start_publish(bytes(buf[pos + 7 : end - 1]))
-            info = content_properties(bytes(buf[end + 7 : header_end - 1]))
+            channel.start_publish(buf, pos + 7)
+            info = content_properties(buf, end + 7, header_end - 1)
         except FrameError:
             channel.publish = None
             return 0
@@ -521,7 +411,7 @@ class Engine:
         return unit_end
 
     @staticmethod
-    def _mid_content(inbound: _Inbound, number: int) -> bool:
+    def _mid_content(inbound: Inbound, number: int) -> bool:
         return number in inbound.expect_header or number in inbound.remaining
 
     def _client_frame(
@@ -553,7 +443,7 @@ class Engine:
                 return self._refuse(UNEXPECTED_FRAME, f"content header on channel {number}")
             inbound.expect_header.discard(number)
             try:
-                info = content_properties(bytes(buf[pos + 7 : end - 1]))
+                info = content_properties(buf, pos + 7, end - 1)
             except FrameError as exc:
                 return self._refuse(exc.code, exc.text)
             if info.body_size:
@@ -594,6 +484,7 @@ class Engine:
             self._tuned = True
         elif method == amqp.CONNECTION_OPEN:
             self.vhost = text(decode_args(method, payload)[0]) or "/"
+            self.route_blocked = self.hub.route_blocker(self.vhost)
         elif method >> 16 != 10:
             return self._refuse(amqp.CHANNEL_ERROR, f"{amqp.method_name(method)} on channel 0")
         return True
@@ -612,170 +503,35 @@ class Engine:
         self._passthrough = True
         return False
 
+    def upstream_connection_method(self, method: int) -> None:
+        """A channel-0 method from RabbitMQ on its way to the client."""
+        if method == amqp.CONNECTION_TUNE:
+            self._logged_in = True
+        elif method == amqp.CONNECTION_OPEN_OK:
+            self._open = True
+        elif method == amqp.CONNECTION_CLOSE:
+            self._passthrough = True  # the client's Close-Ok goes to RabbitMQ
+
     def _protocol_error(self, exc: FrameError) -> None:
         self._client.pending.clear()
         self.close_connection(exc.code, exc.text, wait=False)
-
-    # -- upstream -> client ------------------------------------------------------
-
-    def _parse_upstream(self, data: bytes) -> None:
-        inbound = self._upstream
-        pending = inbound.pending
-        if pending:
-            pending += data
-            if len(pending) < inbound.need:
-                return
-            buf: bytes | bytearray = pending
-        else:
-            buf = data
-        pos = self._scan_upstream(buf)
-        self._down.flush()  # before the buffer it points into is compacted
-        if buf is pending:
-            del pending[:pos]
-        else:
-            pending += buf[pos:]
-        if self._deferred:
-            self._flush_deferred()
-
-    def _scan_upstream(self, buf: bytes | bytearray) -> int:
-        inbound = self._upstream
-        size_all = len(buf)
-        pos = 0
-        unpack = _FRAME.unpack_from
-        channels = self.channels
-        down = self._down
-        while size_all - pos >= 7:
-            kind, number, size = unpack(buf, pos)
-            if size > inbound.max_frame:
-                raise FrameError(FRAME_ERROR, f"frame of {size} bytes exceeds frame-max")
-            end = pos + size + 8
-            if end > size_all:
-                inbound.need = end - pos
-                return pos
-            if buf[end - 1] != 0xCE:
-                raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
-            channel = channels.get(number) if number else None
-            if kind == _METHOD and channel is not None and size >= 4:
-                method = _U32.unpack_from(buf, pos + 7)[0]
-                if method == amqp.BASIC_DELIVER and number not in self.upstream_closing:
-                    unit_end = self._delivery_unit(channel, buf, pos, end, size_all)
-                    if unit_end:
-                        down.keep(buf, pos, unit_end)
-                        pos = unit_end
-                        continue
-            if self._upstream_frame(buf, pos, end, kind=kind, number=number, channel=channel):
-                down.keep(buf, pos, end)
-            pos = end
-        inbound.need = 7
-        return pos
-
-    def _delivery_unit(
-        self, channel: Channel, buf: bytes | bytearray, pos: int, end: int, size_all: int
-    ) -> int:
-        number = channel.number
-        if end + 7 > size_all or number in self._upstream.expect_header:
-            return 0
-        kind, header_no, size = _FRAME.unpack_from(buf, end)
-        header_end = end + size + 8
-        if kind != _HEADER or header_no != number or header_end + 7 > size_all or size < 14:
-            return 0
-        body_kind, body_no, body_size = _FRAME.unpack_from(buf, header_end)
-        unit_end: int = header_end + body_size + 8
-        if body_kind != _BODY or body_no != number or unit_end > size_all:
-            return 0
-        (announced,) = _U64.unpack_from(buf, end + 11)
-        if announced != body_size or body_size == 0 or buf[unit_end - 1] != 0xCE:
-            return 0
-        channel.deliver(bytes(buf[pos + 7 : end - 1]))
-        channel.delivered(body_size)
-        return unit_end
-
-    def _upstream_frame(
-        self,
-        buf: bytes | bytearray,
-        pos: int,
-        end: int,
-        *,
-        kind: int,
-        number: int,
-        channel: Channel | None,
-    ) -> bool:
-        """One frame from RabbitMQ; True to forward it to the client."""
-        inbound = self._upstream
-        closing = number in self.upstream_closing
-        if kind == _BODY:
-            remaining = inbound.remaining.get(number, 0) - (end - pos - 8)
-            if remaining > 0:
-                inbound.remaining[number] = remaining
-            else:
-                inbound.remaining.pop(number, None)
-            return not closing
-        if kind == _HEADER:
-            inbound.expect_header.discard(number)
-            body_size = _U64.unpack_from(buf, pos + 11)[0] if end - pos >= 19 else 0
-            if body_size:
-                inbound.remaining[number] = body_size
-            if closing:
-                return False
-            if channel is not None:
-                channel.delivered(body_size)
-            return True
-        if kind != _METHOD or end - pos < 12:
-            return not closing
-        method = _U32.unpack_from(buf, pos + 7)[0]
-        inbound.remaining.pop(number, None)
-        inbound.expect_header.discard(number)
-        if method in CONTENT_METHODS:
-            inbound.expect_header.add(number)
-        if closing:
-            # Swallow what RabbitMQ still sends on a channel the gateway closed.
-            if method == amqp.CHANNEL_CLOSE_OK:
-                stash = self.upstream_closing.pop(number)
-                if stash:
-                    self._up.add(b"".join(stash))
-            return False
-        if number == 0:
-            if method == amqp.CONNECTION_TUNE:
-                self._logged_in = True
-            elif method == amqp.CONNECTION_OPEN_OK:
-                self._open = True
-            elif method == amqp.CONNECTION_CLOSE:
-                self._passthrough = True  # the client's Close-Ok goes to RabbitMQ
-            return True
-        if channel is None:
-            return True
-        return channel.upstream_method(method, bytes(buf[pos + 7 : end - 1]))
-
-    def _flush_deferred(self) -> None:
-        inbound = self._upstream
-        ready = [
-            (n, f)
-            for n, f in self._deferred
-            if n not in inbound.remaining and n not in inbound.expect_header
-        ]
-        if ready:
-            self._deferred = [d for d in self._deferred if d not in ready]
-            for _, frame in ready:
-                self._down.add(frame)
 
     # -- flow control across channels -------------------------------------------
 
     def _refresh_channels(self) -> None:
         hub = self.hub
-        blocked = hub.route_blocker(self.vhost)
+        blocked = self.route_blocked = hub.route_blocker(self.vhost)
         vhost_blocked = hub.vhost_blocked(self.vhost)
         for channel in list(self.channels.values()):
             channel.refresh(blocked, vhost_blocked)
         if not any(channel.blockers for channel in self.channels.values()):
-            self.flowed_messages = self.flowed_bytes = 0
+            self.allowance.renew()
 
     def counted_while_flowed(self, number: int, size: int) -> None:
-        """A publish on a flowed channel: stop parsing after it when the
-        connection is past its allowance."""
-        self.flowed_messages += 1
-        self.flowed_bytes += size
-        if self.flowed_messages > PAUSE_MESSAGES or self.flowed_bytes > PAUSE_BYTES:
-            until = self.pause_until()
+        """A publish on a flowed channel: past the connection's allowance, stop
+        parsing after it and pause reads."""
+        if self.allowance.count(size):
+            until = self._pause_until()
             if until is not None and until > self.now:
                 self._stop_after = number
                 if not self._flow_paused:
@@ -783,29 +539,20 @@ class Engine:
                     if self._blocked_capable:
                         self.send_client(0, amqp.connection_blocked("flow control"))
 
-    def pause_until(self) -> float | None:
-        """When a paused connection may be read again (inf: once unflowed)."""
-        timeout = self.settings.flow_enforcement_timeout
-        flowed = [
+    def _pause_until(self) -> float | None:
+        return self.allowance.pause_until(
             c.flowed_at
             for c in self.channels.values()
             if c.blockers and c.flowed_at is not None and not c.closed_by_gateway
-        ]
-        if not flowed:
-            return None
-        if timeout is None:
-            return float("inf")
-        # Just past the timeout, so the next publish is judged ignoring flow.
-        return max(flowed) + timeout + 0.001
+        )
 
     def _resume_if_allowed(self) -> None:
         if not self._flow_paused:
             if self._client.pending and self._upstream_ready:
                 self._parse_client(b"")
             return
-        until = self.pause_until()
-        over = self.flowed_messages > PAUSE_MESSAGES or self.flowed_bytes > PAUSE_BYTES
-        if until is not None and over and until > self.now:
+        until = self._pause_until()
+        if until is not None and self.allowance.spent and until > self.now:
             return
         self._flow_paused = False
         if self._blocked_capable:
@@ -815,25 +562,19 @@ class Engine:
     def flow_ignored(self, channel: Channel) -> bool:
         """True (and the channel or connection closed) when ``channel`` publishes
         past its enforcement timeout."""
-        timeout = self.settings.flow_enforcement_timeout
-        if (
-            not channel.blockers
-            or channel.flowed_at is None
-            or timeout is None
-            or self.now - channel.flowed_at <= timeout
-        ):
+        if not channel.blockers:
             return False
-        repeat = self.last_ignored is not None and self.now - self.last_ignored <= REPEAT_OFFENCE_S
-        self.last_ignored = self.now
+        verdict = self.allowance.judge(self.now, channel.flowed_at)
+        if verdict is Verdict.FORWARD:
+            return False
         self.emit(channel.event_ignored())
-        if repeat:
-            self._passthrough = False
+        if verdict is Verdict.CLOSE_CONNECTION:
             self.close_connection(
                 amqp.PRECONDITION_FAILED,
                 f"flow control ignored again within {REPEAT_OFFENCE_S:.0f} s of a channel close",
             )
-            self._stop_after = channel.number
             return True
+        timeout = self.settings.flow_enforcement_timeout or 0.0
         channel.close(
             amqp.PRECONDITION_FAILED,
             f"flow control ignored: still publishing {timeout * 1000:.0f} ms after "
@@ -847,38 +588,10 @@ class Engine:
         channel = self.channels.pop(number, None)
         self._client.expect_header.discard(number)
         self._client.remaining.pop(number, None)
-        self._deferred = [(n, f) for n, f in self._deferred if n != number]
+        self._from_upstream.forget(number)
         if channel is not None and channel.ever_flowed:
             self.emit(channel.event_closed())
-
-    # -- views ---------------------------------------------------------------------
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-        for channel in self.channels.values():
-            if channel.blockers:
-                yield BlockedChannel(
-                    connection=self.number,
-                    channel=channel.number,
-                    user=self.user,
-                    remote=f"{self.remote_host}:{self.remote_port}",
-                    vhost=self.vhost,
-                    blocked_on=tuple(channel.blockers),
-                )
 
     def held_confirms(self) -> int:
         """Confirms and commit-oks currently held from the client."""
         return sum(channel.held for channel in self.channels.values())
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-        remote = f"{self.remote_host}:{self.remote_port}"
-        for channel in self.channels.values():
-            yield {
-                "connection": self.number,
-                "channel": channel.number,
-                "user": self.user,
-                "remote": remote,
-                "vhost": self.vhost,
-                **channel.describe(),
-            }

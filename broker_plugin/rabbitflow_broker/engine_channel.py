@@ -49,14 +49,15 @@ class Connection(Protocol):
     def identity(self) -> dict[str, Any]: ...
     def flow_ignored(self, channel: Channel) -> bool: ...
     def counted_while_flowed(self, number: int, size: int) -> None: ...
+    def route_blocked(self, route: Route) -> bool: ...
     def forget_channel(self, number: int) -> None: ...
 
 
-def _shortstr(payload: bytes, pos: int) -> tuple[str, int]:
-    end = pos + 1 + payload[pos]
-    if end > len(payload):
+def _shortstr(data: bytes | bytearray, pos: int) -> tuple[str, int]:
+    end = pos + 1 + data[pos]
+    if end > len(data):
         raise FrameError(SYNTAX_ERROR, "short string runs past the frame")
-    return payload[pos + 1 : end].decode("utf-8", "replace"), end
+    return data[pos + 1 : end].decode("utf-8", "replace"), end
 
 
 class Channel:
@@ -110,18 +111,19 @@ class Channel:
     def _publish(self, method: int, payload: bytes) -> bool:
         if self.conn.flow_ignored(self):
             return False
-        self.start_publish(payload)
+        self.start_publish(payload, 0)
         return True
 
-    def start_publish(self, payload: bytes) -> None:
-        """Note where the publish goes until its header gives the size.
+    def start_publish(self, data: bytes | bytearray, start: int) -> None:
+        """Note where the publish whose method payload starts at ``data[start]``
+        goes, until its header gives the size.
 
         Raises:
             FrameError: malformed Basic.Publish.
         """
         try:
-            exchange, pos = _shortstr(payload, 6)
-            routing_key, _ = _shortstr(payload, pos)
+            exchange, pos = _shortstr(data, start + 6)
+            routing_key, _ = _shortstr(data, pos)
         except IndexError:
             raise FrameError(SYNTAX_ERROR, "malformed basic.publish") from None
         self.publish = (exchange, routing_key)
@@ -149,7 +151,7 @@ class Channel:
             hub.published(vhost, route, size)
         if self.confirm is not None:
             self.confirm.published(route)
-        if route or hub.vhost_blocked(vhost):
+        if (route and conn.route_blocked(route)) or hub.vhost_blocked(vhost):
             self.block_on(route)
 
     def _declare(self, method: int, payload: bytes) -> bool:
@@ -297,11 +299,12 @@ class Channel:
         self.consumers.pop(tag, None)
         return True
 
-    def deliver(self, payload: bytes) -> bool:
-        """Basic.Deliver: the next content header on the channel is its message."""
+    def deliver(self, data: bytes | bytearray, start: int) -> bool:
+        """Basic.Deliver (payload at ``data[start]``): the next content header
+        on the channel is its message."""
         try:
-            tag, pos = _shortstr(payload, 4)
-            (delivery_tag,) = _U64.unpack_from(payload, pos)
+            tag, pos = _shortstr(data, start + 4)
+            (delivery_tag,) = _U64.unpack_from(data, pos)
         except (IndexError, struct.error):
             return True
         consumer = self.consumers.get(tag)
@@ -310,7 +313,7 @@ class Channel:
         return True
 
     def _u_deliver(self, method: int, payload: bytes) -> bool:
-        return self.deliver(payload)
+        return self.deliver(payload, 0)
 
     def delivered(self, size: int) -> None:
         """The content header of a delivery gave its size: count it."""
@@ -329,8 +332,14 @@ class Channel:
             return True
         tag, multiple, _requeue = _ack_fields(method, payload)
         hub, vhost = self.conn.hub, self.conn.vhost
+        if (
+            method == amqp.BASIC_ACK
+            and not multiple
+            and tracker.ack_one(tag, self.conn.route_blocked)
+        ):
+            return True
         if method == amqp.BASIC_ACK:
-            confirms, held = tracker.upstream_ack(tag, multiple, hub.route_blocker(vhost))
+            confirms, held = tracker.upstream_ack(tag, multiple, self.conn.route_blocked)
             # A held confirm flows the channel that published it too.
             for route in held:
                 self.block_on(route)

@@ -19,13 +19,15 @@ import asyncio
 import contextlib
 import errno
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import cast
 
 import structlog
 
-from rabbitflow_broker.engine import PAUSE_BYTES, PAUSE_MESSAGES, Actions, Engine, EngineSettings
-from rabbitflow_broker.gateway import BlockedChannel, Gateway
+from rabbitflow_broker.engine import Actions, Engine, EngineSettings
+from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
+from rabbitflow_broker.engine_io import EngineViews
+from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
@@ -42,7 +44,7 @@ _HARD_CLOSE_S = 1.0
 _TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
 
 
-class Relay(asyncio.Protocol):
+class Relay(EngineViews, asyncio.Protocol):
     """Relays one client connection: the protocol of the accepted client socket."""
 
     def __init__(
@@ -60,20 +62,20 @@ class Relay(asyncio.Protocol):
         self._ssl = upstream_ssl
         self._server_hostname = upstream_server_hostname
         self.number = gateway.next_connection_number()
-        timeout = gateway.config.flow_enforcement_timeout
-        handshake = gateway.config.handshake_timeout
-        self.engine = Engine(
-            gateway,
-            number=self.number,
-            settings=EngineSettings(
-                flow_enforcement_timeout=timeout / 1000 if timeout else None,
-                handshake_timeout=handshake / 1000 if handshake else None,
-            ),
+        timeout, handshake = (
+            gateway.config.flow_enforcement_timeout,
+            gateway.config.handshake_timeout,
         )
+        settings = EngineSettings(
+            flow_enforcement_timeout=timeout / 1000 if timeout else None,
+            handshake_timeout=handshake / 1000 if handshake else None,
+        )
+        self.engine = Engine(gateway, number=self.number, settings=settings)
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # what _timer is set for
         self._refresh_scheduled = False
         self._closing = False
         self._lost: set[str] = set()
@@ -117,13 +119,16 @@ class Relay(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         """The client reads slower than RabbitMQ delivers: stop reading upstream."""
-        if self._upstream is not None and not self._upstream.is_closing():
-            self._upstream.pause_reading()
+        self._set_upstream_reading(False)
 
     def resume_writing(self) -> None:
         """The client caught up."""
-        if self._upstream is not None and not self._upstream.is_closing():
-            self._upstream.resume_reading()
+        self._set_upstream_reading(True)
+
+    def _set_upstream_reading(self, reading: bool) -> None:
+        upstream = self._upstream
+        if upstream is not None and not upstream.is_closing():
+            upstream.resume_reading() if reading else upstream.pause_reading()
 
     # -- upstream socket -----------------------------------------------------------
 
@@ -184,20 +189,19 @@ class Relay(asyncio.Protocol):
         if actions.close:
             self.abort()
             return
-        if actions.read_client:
-            self._resume("engine")
-        else:
-            self._pause("engine")
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if actions.timer is not None:
-            loop = asyncio.get_running_loop()
-            delay = max(0.0, actions.timer - self._now())
-            self._timer = loop.call_later(delay, self._tick)
+        if actions.read_client != ("engine" not in self._paused):
+            (self._resume if actions.read_client else self._pause)("engine")
+        if actions.timer != self._deadline:
+            self._deadline = actions.timer
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if actions.timer is not None:
+                delay = max(0.0, actions.timer - self._now())
+                self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
 
     def _tick(self) -> None:
-        self._timer = None
+        self._timer = self._deadline = None
         if not self._closing:
             self._perform(self.engine.tick(self._now()))
 
@@ -287,24 +291,6 @@ class Relay(asyncio.Protocol):
         """Return once both sockets are closed and the relay is unregistered."""
         if self._closed is not None:
             await asyncio.shield(self._closed)
-
-    # -- views (admin API) -------------------------------------------------------------
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-        return self.engine.blocked_channels()
-
-    def held_confirms(self) -> int:
-        """Confirms and commit-oks currently held from the client."""
-        return self.engine.held_confirms()
-
-    def channel_count(self) -> int:
-        """Open channels."""
-        return len(self.engine.channels)
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-        return self.engine.describe_channels()
 
 
 class _Upstream(asyncio.Protocol):

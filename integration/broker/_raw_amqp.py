@@ -12,6 +12,9 @@ method_id, arguments) -> bytes``
 ``shortstr``, ``longstr``, ``u8``/``u16``/``u32``/``u64``, ``table(entries)``
     Argument encoders over raw bytes (``table`` takes already-encoded
     ``(name, type_octet_and_value)`` pairs, so any field type can be built).
+``select_confirms``, ``publish_confirmed``, ``basic_get``, ``Delivered``
+    One confirmed publish with raw property bytes; Basic.Get returning the
+    property bytes and body as delivered.
 ``RawConnection(host, port)``
     ``send(data)``, ``read_frame(deadline)``, ``start()`` (protocol header
     in, Connection.Start out), ``login()`` (Start-Ok, Tune, Tune-Ok, Open),
@@ -309,3 +312,85 @@ class RawConnection:
 def qos_sentinel(channel: int) -> bytes:
     """Basic.Qos(prefetch 0): its Qos-Ok shows everything before it was accepted."""
     return method(channel, 60, 10, u32(0) + u16(0) + u8(0))
+
+
+# -- messages ----------------------------------------------------------------------------
+
+CONFIRM_SELECT_OK = (85, 11)
+BASIC_ACK = (60, 80)
+BASIC_NACK = (60, 120)
+BASIC_GET_OK = (60, 71)
+BASIC_GET_EMPTY = (60, 72)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A message as it came back: the raw property flags + property bytes, and the body."""
+
+    properties: bytes
+    body: bytes
+
+
+def select_confirms(connection: RawConnection, channel: int, *, timeout: float = 10.0) -> None:
+    connection.send(method(channel, 85, 10, u8(0)))
+    connection.expect_method(CONFIRM_SELECT_OK, time.monotonic() + timeout)
+
+
+def publish_confirmed(
+    connection: RawConnection,
+    channel: int,
+    exchange: bytes,
+    routing_key: bytes,
+    *,
+    properties: bytes,
+    body: bytes,
+    timeout: float = 10.0,
+) -> Answer:
+    """Publish one message on a confirm-mode channel; ``ok`` once it is acked.
+
+    ``properties`` is the property-flags word followed by the property values,
+    exactly as they go into the content header.  Returns the close (or
+    ``nack``/``eof``/``timeout``) instead when the message is refused.
+    """
+    header = frame(FRAME_HEADER, channel, u16(60) + u16(0) + u64(len(body)) + properties)
+    connection.send(
+        publish(channel, exchange, routing_key) + header + frame(FRAME_BODY, channel, body)
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        got = connection.read_frame(deadline)
+        if got is None:
+            return Answer("eof" if connection.eof else "timeout")
+        ids = got.method_id
+        if ids == BASIC_ACK and got.channel == channel:
+            return Answer("ok")
+        if ids == BASIC_NACK and got.channel == channel:
+            return Answer("nack")
+        if ids in (CONNECTION_CLOSE, CHANNEL_CLOSE):
+            code, text, class_id, method_no = _decode_close(got.payload)
+            kind = "connection.close" if ids == CONNECTION_CLOSE else "channel.close"
+            return Answer(kind, code, class_id, method_no, text)
+
+
+def basic_get(
+    connection: RawConnection, channel: int, queue: bytes, *, timeout: float = 10.0
+) -> Delivered | None:
+    """Basic.Get with no-ack; the message, or None when the queue is empty."""
+    connection.send(method(channel, 60, 70, u16(0) + shortstr(queue) + u8(1)))
+    deadline = time.monotonic() + timeout
+    reply = connection.read_frame(deadline)
+    if reply is not None and reply.method_id == BASIC_GET_EMPTY:
+        return None
+    if reply is None or reply.method_id != BASIC_GET_OK:
+        raise AssertionError(f"expected Get-Ok or Get-Empty, got {reply}")
+    header = connection.read_frame(deadline)
+    if header is None or header.kind != FRAME_HEADER:
+        raise AssertionError(f"expected a content header, got {header}")
+    size = struct.unpack_from(">Q", header.payload, 4)[0]
+    body = b""
+    while len(body) < size:
+        part = connection.read_frame(deadline)
+        if part is None or part.kind != FRAME_BODY:
+            raise AssertionError(f"expected a body frame, got {part}")
+        body += part.payload
+    return Delivered(header.payload[12:], body)

@@ -6,6 +6,8 @@ or the entry is None):
 
 * ``Cut.after_publishes(n)``: forward ``n`` Basic.Publish frames, then cut
   the connection at the next one (``n = 0``: at the first publish);
+* ``Cut.inside_a_batch_after(n)``: the same, at the first publish after
+  ``n`` that is not the first of the bytes read at once (so inside a batch);
 * ``Cut.at_channel_open(k)``: cut at the k-th Channel.Open;
 * ``Cut.drop_confirms()``: never cut, but swallow every Basic.Ack the broker
   sends (publisher confirms that never come).
@@ -36,10 +38,17 @@ class Cut:
 
     method: tuple[int, int]
     nth: int  # cut at the nth such frame (1-based); 0: drop every such frame from the broker
+    inside_batch: bool = False  # ... or the first one after it preceded by a publish in its read
 
     @classmethod
     def after_publishes(cls, n: int) -> Cut:
         return cls(_PUBLISH, n + 1)
+
+    @classmethod
+    def inside_a_batch_after(cls, n: int) -> Cut:
+        """Cut at the first publish after ``n`` that came in the same read as
+        an earlier publish: inside a batch the client wrote at once."""
+        return cls(_PUBLISH, n + 1, inside_batch=True)
 
     @classmethod
     def at_channel_open(cls, k: int) -> Cut:
@@ -178,7 +187,7 @@ class FaultProxy:
                 frames_in_chunk = frames.feed(data)
                 for start, method in frames_in_chunk:
                     seen[method] = seen.get(method, 0) + 1
-                    if cut is not None and method == cut.method and seen[method] == cut.nth:
+                    if self._cut_here(cut, method, seen, start, frames_in_chunk):
                         # Relay what came before this frame, then cut: the
                         # broker never sees the frame.
                         if start > 0:
@@ -213,6 +222,20 @@ class FaultProxy:
             pass
         finally:
             self._cut(record, planned=False)
+
+    @staticmethod
+    def _cut_here(
+        cut: Cut | None,
+        method: tuple[int, int],
+        seen: dict[tuple[int, int], int],
+        start: int,
+        chunk: list[tuple[int, tuple[int, int]]],
+    ) -> bool:
+        if cut is None or method != cut.method:
+            return False
+        if not cut.inside_batch:
+            return seen[method] == cut.nth
+        return seen[method] >= cut.nth and any(m == _PUBLISH and 0 <= st < start for st, m in chunk)
 
     def _drop_down(
         self, record: ConnectionRecord, source: socket.socket, sink: socket.socket

@@ -181,7 +181,9 @@ def test_connection_limit_is_one_total_a_busy_consumer_may_fill(
 
     assert ledger.per_consumer == {busy: 600}
     assert ledger.peak <= 60, f"{ledger.peak} delivered but unprocessed on the connection"
-    assert stats.max_buffered == 60, "the busy consumer may use the whole connection limit"
+    # The whole limit went to the busy consumer (an even split would cap it
+    # at 30), and it used more than a split's share of it.
+    assert stats.grants[0] == 60, stats.grants
+    assert stats.max_buffered > 30, stats.max_buffered
     # Each batch comes once the buffer is down to 50 % of 60 and fills it to 60.
-    assert stats.grants
     assert all(30 <= g <= 60 for g in stats.grants), stats.grants

@@ -1,0 +1,190 @@
+"""The RabbitMQ -> client direction of one relayed connection (pure, sans-IO).
+
+RabbitMQ's bytes are trusted to be well formed (a framing error from it
+closes the client with 541).  :class:`FromUpstream` scans them in place,
+takes a delivery (method, header, body) as one unit, passes each method to
+its channel (confirms, commit-oks, consumer and declare answers) and keeps
+frames the gateway adds for a channel out of the middle of a delivery.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from rabbitflow_broker import amqp
+from rabbitflow_broker.amqp import CONTENT_METHODS
+from rabbitflow_broker.engine_io import Inbound, Out, content_unit
+from rabbitflow_broker.frames import FRAME_ERROR, FrameError
+
+if TYPE_CHECKING:
+    from rabbitflow_broker.engine import Engine
+    from rabbitflow_broker.engine_channel import Channel
+
+__all__ = ["FromUpstream"]
+
+_FRAME = struct.Struct(">BHI")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_METHOD, _HEADER, _BODY = 1, 2, 3
+
+
+class FromUpstream:
+    """What RabbitMQ sends one connection, on its way to the client."""
+
+    def __init__(self, conn: Engine) -> None:
+        self.conn = conn
+        self.inbound = Inbound(1 << 31)
+        # Frames of the gateway's own waiting for a delivery on their channel to end.
+        self.deferred: list[tuple[int, bytes]] = []
+
+    def mid_content(self, number: int) -> bool:
+        """True while a message to the client on that channel is incomplete."""
+        inbound = self.inbound
+        return number in inbound.remaining or number in inbound.expect_header
+
+    def send_client(self, channel: int, frame: bytes, down: Out) -> None:
+        """A frame of the gateway's own: never inside a delivery on its channel,
+        never ahead of an earlier one for it."""
+        if self.mid_content(channel) or (
+            self.deferred and any(number == channel for number, _ in self.deferred)
+        ):
+            self.deferred.append((channel, frame))
+        else:
+            down.add(frame)
+
+    def forget(self, number: int) -> None:
+        """The channel is closed: drop what waits for it."""
+        self.deferred = [(n, f) for n, f in self.deferred if n != number]
+
+    def receive(self, data: bytes, down: Out, up: Out) -> None:
+        """Scan ``data``; frames for the client go to ``down``.
+
+        Raises:
+            FrameError: RabbitMQ sent something that is not AMQP.
+        """
+        inbound = self.inbound
+        pending = inbound.pending
+        if pending:
+            pending += data
+            if len(pending) < inbound.need:
+                return
+            buf: bytes | bytearray = pending
+        else:
+            buf = data
+        pos = self._scan(buf, down, up)
+        if buf is pending:
+            down.flush()  # before the buffer it points into is compacted
+            del pending[:pos]
+        else:
+            pending += buf[pos:]
+        if self.deferred:
+            ready = [(n, f) for n, f in self.deferred if not self.mid_content(n)]
+            if ready:
+                self.deferred = [d for d in self.deferred if d not in ready]
+                for _, frame in ready:
+                    down.add(frame)
+
+    def _scan(self, buf: bytes | bytearray, down: Out, up: Out) -> int:
+        inbound = self.inbound
+        size_all = len(buf)
+        pos = 0
+        unpack = _FRAME.unpack_from
+        channels = self.conn.channels
+        closing = self.conn.upstream_closing
+        while size_all - pos >= 7:
+            kind, number, size = unpack(buf, pos)
+            if size > inbound.max_frame:
+                raise FrameError(FRAME_ERROR, f"frame of {size} bytes exceeds frame-max")
+            end = pos + size + 8
+            if end > size_all:
+                inbound.need = end - pos
+                return pos
+            if buf[end - 1] != 0xCE:
+                raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
+            channel = channels.get(number) if number else None
+            if (
+                size == 13  # a single publisher confirm, the commonest frame under load
+                and channel is not None
+                and kind == _METHOD
+                and buf[end - 2] == 0
+                and _U32.unpack_from(buf, pos + 7)[0] == amqp.BASIC_ACK
+                and channel.confirm is not None
+                and number not in closing
+                and channel.confirm.ack_one(
+                    _U64.unpack_from(buf, pos + 11)[0], self.conn.route_blocked
+                )
+            ):
+                down.keep(buf, pos, end)
+                pos = end
+                continue
+            if (
+                kind == _METHOD
+                and channel is not None
+                and size >= 4
+                and _U32.unpack_from(buf, pos + 7)[0] == amqp.BASIC_DELIVER
+                and number not in closing
+                and not self.mid_content(number)
+            ):
+                header_end, unit_end = content_unit(buf, end, number, inbound.max_frame)
+                if unit_end:
+                    channel.deliver(buf, pos + 7)
+                    channel.delivered(unit_end - header_end - 8)
+                    down.keep(buf, pos, unit_end)
+                    pos = unit_end
+                    continue
+            if self._frame(buf, pos, end, kind, number, channel, up):
+                down.keep(buf, pos, end)
+            pos = end
+        inbound.need = 7
+        return pos
+
+    def _frame(  # noqa: PLR0917 - the hot loop's locals, positionally
+        self,
+        buf: bytes | bytearray,
+        pos: int,
+        end: int,
+        kind: int,
+        number: int,
+        channel: Channel | None,
+        up: Out,
+    ) -> bool:
+        """One frame from RabbitMQ; True to forward it to the client."""
+        inbound = self.inbound
+        closing = number in self.conn.upstream_closing
+        if kind == _BODY:
+            remaining = inbound.remaining.get(number, 0) - (end - pos - 8)
+            if remaining > 0:
+                inbound.remaining[number] = remaining
+            else:
+                inbound.remaining.pop(number, None)
+            return not closing
+        if kind == _HEADER:
+            inbound.expect_header.discard(number)
+            body_size = _U64.unpack_from(buf, pos + 11)[0] if end - pos >= 19 else 0
+            if body_size:
+                inbound.remaining[number] = body_size
+            if channel is not None and not closing:
+                channel.delivered(body_size)
+            return not closing
+        if kind != _METHOD or end - pos < 12:
+            return not closing
+        method = _U32.unpack_from(buf, pos + 7)[0]
+        inbound.remaining.pop(number, None)
+        inbound.expect_header.discard(number)
+        if method in CONTENT_METHODS:
+            inbound.expect_header.add(number)
+        if closing:
+            # Swallow what RabbitMQ still sends on a channel the gateway closed;
+            # its CloseOk lets a reopen of the number through.
+            if method == amqp.CHANNEL_CLOSE_OK:
+                stash = self.conn.upstream_closing.pop(number)
+                if stash:
+                    up.add(b"".join(stash))
+            return False
+        if number == 0:
+            self.conn.upstream_connection_method(method)
+            return True
+        if channel is None:
+            return True
+        return channel.upstream_method(method, bytes(buf[pos + 7 : end - 1]))
