@@ -176,12 +176,44 @@ def _extract(text: Column, pattern: str, group: int = 1) -> Column:
 
 
 def _vhost_name(path: Column) -> Column:
-    """Broker-J's vhost spelling to the vhost: ``/`` is ``/``, ``/test`` is ``test``."""
-    return F.when(path == F.lit("/"), path).otherwise(F.regexp_replace(path, r"^/", ""))
+    """Broker-J's vhost spelling to the vhost: ``/`` is ``/``, ``/test`` is ``test``.
+
+    One expression (not a CASE on ``path == '/'``, which repeats ``path``'s code).
+    """
+    return F.regexp_replace(path, r"(?s)^/(?=.)", "")
 
 
 def _count(text: Column) -> Column:
     return F.regexp_replace(text, ",", "").try_cast(T.LongType())
+
+
+def _filled(gate: Column, found: Mapping[str, tuple[Column, Column]]) -> dict[str, Column]:
+    """Each column of ``found`` as it is, or where it is null and ``applies``, ``value``.
+
+    ``found`` maps a column name to ``(value, applies)``; ``gate`` must hold
+    on every row where some column is null and its value applies (it is
+    the one test a row that needs nothing pays).  The values are built as
+    one struct, only where ``gate`` holds (elsewhere the struct holds the
+    columns themselves), and each column reads its field of the struct
+    first.  That position is evaluated for every row, so Spark's
+    subexpression elimination evaluates the struct once per row in a
+    generated method of its own, instead of writing every value's code
+    into the stage's main loop: the loop then stays under the 8,000 bytes
+    of bytecode past which HotSpot never compiles a method and leaves it to
+    the interpreter.  (Without the non-null ``otherwise`` the optimizer
+    pushes each field access into the CASE and the values are inlined
+    again.)
+    """
+    struct = F.when(
+        gate,
+        F.struct(
+            *(
+                F.when(F.col(name).isNull() & applies, value).alias(name)
+                for name, (value, applies) in found.items()
+            )
+        ),
+    ).otherwise(F.struct(*(F.col(name).alias(name) for name in found)))
+    return {name: F.coalesce(struct.getField(name), F.col(name)) for name in found}
 
 
 def _completed(raw: DataFrame) -> DataFrame:
@@ -190,25 +222,24 @@ def _completed(raw: DataFrame) -> DataFrame:
     A line that is not a JSON object (the corrupt-record column holds it and
     it does not start with ``{``) is read as a Broker-J operational line into
     ``ts``/``code``/``subject``/``message``; then any subject field or figure
-    a record lacks is taken from its subject or message.  Each recovery is a
-    CASE on the field being null and the event's code having the field, so
-    full records pay no regular expression.
+    a record lacks is taken from its subject or message, where the event's
+    code has that field.  A row pays no regular expression unless it is a
+    text line or lacks a field its code has: a full gateway record passes
+    three tests (a text line; a subject field missing; a figure missing)
+    and is read as it is (see :func:`_filled`).
     Adds ``_text`` (the line, for a text line) and ``_ts_text``.
     """
     corrupt = F.col(CORRUPT_COLUMN)
     text = F.when(corrupt.isNotNull() & ~F.ltrim(corrupt).startswith("{"), corrupt)
     lined = raw.select("*", text.alias("_text"))
     line = F.col("_text")
+    event = _LINE_TS + ".*?" + _LINE_EVENT
     read = lined.withColumns(
         {
             "_ts_text": F.coalesce(F.col("ts"), _extract(line, _LINE_TS)),
-            "code": F.coalesce(F.col("code"), _extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 3)),
-            "subject": F.coalesce(
-                F.col("subject"), _extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 2)
-            ),
-            "message": F.coalesce(
-                F.col("message"), F.regexp_extract(line, _LINE_TS + ".*?" + _LINE_EVENT, 4)
-            ),
+            "code": F.coalesce(F.col("code"), _extract(line, event, 3)),
+            "subject": F.coalesce(F.col("subject"), _extract(line, event, 2)),
+            "message": F.coalesce(F.col("message"), F.regexp_extract(line, event, 4)),
         }
     )
     subject = F.col("subject")
@@ -216,15 +247,15 @@ def _completed(raw: DataFrame) -> DataFrame:
     code = F.col("code")
     queue_event = code.startswith("QUE-")
     connection_event = code.startswith("CHN-") | code.startswith("CON-")
-    connection_field = _extract(subject, _SUBJECT_CONNECTION, 1)
     # (value, the codes whose events have the field): a field is recovered
     # only where it belongs, so a full record's null fields of other
     # events (CHN-1006 has no queue, QUE-1004 no stop size) cost no regex.
     recovered: dict[str, tuple[Column, Column]] = {
         "vhost": (
-            F.coalesce(
-                _vhost_name(_extract(subject, _SUBJECT_VHOST)),
-                _vhost_name(_extract(subject, _SUBJECT_CONNECTION, 5)),
+            _vhost_name(
+                F.coalesce(
+                    _extract(subject, _SUBJECT_VHOST), _extract(subject, _SUBJECT_CONNECTION, 5)
+                )
             ),
             F.lit(True),
         ),
@@ -235,7 +266,10 @@ def _completed(raw: DataFrame) -> DataFrame:
             queue_event | (code == F.lit("CHN-1005")),
         ),
         "store": (_extract(subject, _SUBJECT_STORE), code.startswith("MST-")),
-        "connection": (connection_field.try_cast(T.LongType()), connection_event),
+        "connection": (
+            _extract(subject, _SUBJECT_CONNECTION, 1).try_cast(T.LongType()),
+            connection_event,
+        ),
         "user": (_extract(subject, _SUBJECT_CONNECTION, 2), connection_event),
         "remote_host": (_extract(subject, _SUBJECT_CONNECTION, 3), connection_event),
         "remote_port": (
@@ -254,12 +288,24 @@ def _completed(raw: DataFrame) -> DataFrame:
             for name, pattern in _MESSAGE_FIGURES.items()
         },
     }
+    # Two groups, each with one test per row (some field of the group that
+    # this event has is null) and one generated method: the subject's fields
+    # and the message's figures (in one method they pass the JIT's limit).
+    figures = {name: recovered.pop(name) for name in _MESSAGE_FIGURES}
     return read.withColumns(
         {
-            name: F.when(F.col(name).isNull() & applies, value).otherwise(F.col(name))
-            for name, (value, applies) in recovered.items()
+            **_filled(_any_needed(recovered), recovered),
+            **_filled(_any_needed(figures), figures),
         }
     )
+
+
+def _any_needed(found: Mapping[str, tuple[Column, Column]]) -> Column:
+    """True where some column of ``found`` is null and its value applies (see :func:`_filled`)."""
+    needed = F.lit(False)
+    for name, (_, applies) in found.items():
+        needed = needed | (F.col(name).isNull() & applies)
+    return needed
 
 
 def classify_events(raw: DataFrame) -> DataFrame:
