@@ -12,6 +12,7 @@ number the client is still waiting for.  Nacks are never held.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -68,7 +69,14 @@ class ConfirmTracker:
     def _covered(self, tag: int, multiple: bool) -> list[int]:
         if not multiple:
             return [tag] if tag in self._unconfirmed else []
-        return [seq for seq in self._unconfirmed if seq <= tag or tag == 0]
+        if tag == 0:
+            return list(self._unconfirmed)
+        covered: list[int] = []
+        for seq in self._unconfirmed:  # insertion order is sequence order
+            if seq > tag:
+                break
+            covered.append(seq)
+        return covered
 
     def upstream_ack(
         self, tag: int, multiple: bool, is_blocked: IsBlocked
@@ -97,6 +105,29 @@ class ConfirmTracker:
             return False
         del self._unconfirmed[tag]
         del self._outstanding[tag]
+        return True
+
+    def ack_upto(self, tag: int, is_blocked: IsBlocked) -> bool:
+        """Fast path of :meth:`upstream_ack` for a multiple ack: when nothing
+        is held and every route it covers is free, record it and return True
+        (the ack goes to the client as it came); else change nothing and
+        return False.  With nothing held the client waits for exactly the
+        unconfirmed numbers, so the covered ones are its oldest."""
+        if self._held or tag == 0:
+            return False
+        covered = 0
+        for seq, route in self._unconfirmed.items():
+            if seq > tag:
+                break
+            if route and is_blocked(route):
+                return False
+            covered += 1
+        if not covered:
+            return False
+        unconfirmed, outstanding = self._unconfirmed, self._outstanding
+        for seq in list(itertools.islice(unconfirmed, covered)):
+            del unconfirmed[seq]
+            del outstanding[seq]
         return True
 
     def upstream_nack(self, tag: int, multiple: bool) -> tuple[list[Confirm], list[Route]]:

@@ -25,7 +25,6 @@ check holds, 1 otherwise.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import contextlib
 import json
@@ -38,15 +37,28 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pika
-import structlog
 
-from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.demo_output import (
+    _ClientLogHandler,
+    _DemoSink,
+    _Narrator,
+    _Printer,
+    _quiet_structlog,
+)
+from rabbitflow_broker.demo_workers import (
+    ProducerStats,
+    _consumer,
+    _ConsumerState,
+    _InProcessGateway,
+    _producer,
+    _with_credentials,
+)
 from rabbitflow_broker.events import Event
 from rabbitflow_broker.rabbitmq_node import (
     RabbitMQNode,
@@ -54,7 +66,6 @@ from rabbitflow_broker.rabbitmq_node import (
     host_port,
     rabbitmq_available,
 )
-from rabbitflow_broker.service import EventSink, GatewayService
 
 __all__ = ["AdminRefused", "DemoOptions", "DemoResult", "main", "producer_label", "run"]
 
@@ -63,8 +74,6 @@ CAPACITIES = {"A": 50, "B": 15}
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 #: Longest the whole demo may run before it gives up and reports what it saw.
 DEADLINE_S = 120.0
-#: A send() taking longer than this was held by flow control or a full window.
-_WAIT_EPSILON_S = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,21 +89,6 @@ class DemoOptions:
     admin_user: str | None = None
     admin_password: str | None = None
     interval: float = 0.5
-
-
-@dataclass
-class ProducerStats:
-    """One producer's side of the run."""
-
-    pid: str
-    capacity: int
-    #: The SDK's own name for it (``producer-N``), seen in its log lines.
-    sdk_id: str = ""
-    sent: int = 0
-    waited_s: float = 0.0
-    longest_wait_s: float = 0.0
-    waits: int = 0
-    error: str | None = None
 
 
 @dataclass
@@ -125,169 +119,6 @@ class AdminRefused(RuntimeError):
 def producer_label(pid: str) -> str:
     """How the demo names a producer everywhere: ``producer A (capacity 50)``."""
     return f"producer {pid} (capacity {CAPACITIES[pid]})"
-
-
-class _Printer:
-    """Serialises output lines from the demo's threads; stamps them with elapsed time."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._lock = threading.Lock()
-        self._t0 = time.monotonic()
-
-    def line(self, text: str) -> None:
-        with self._lock:
-            print(f"{time.monotonic() - self._t0:6.1f}s  {text}", file=self._out, flush=True)
-
-    def plain(self, text: str = "") -> None:
-        with self._lock:
-            print(text, file=self._out, flush=True)
-
-
-class _Narrator:
-    """Tells the run in phases, each about a screen long.
-
-    Phase 1 (filling) and the first stop/resume cycle are shown line by
-    line; from the second cycle on, each cycle is one line (when the queue
-    went overfull and underfull again, its peak, how many channel blocks)
-    and the depth is shown every few seconds.
-    """
-
-    _QUIET_DEPTH_S = 3.0
-
-    def __init__(self, printer: _Printer) -> None:
-        self._printer = printer
-        self._lock = threading.Lock()
-        self._cycle = 0  # overfull transitions seen
-        self._cycle_started = 0.0
-        self._cycle_peak = 0
-        self._cycle_blocks = 0
-        self._quiet_depth_at = 0.0
-
-    @property
-    def detailed(self) -> bool:
-        """Still in the line-by-line phases (filling, first cycle)."""
-        return self._cycle <= 1
-
-    def event(self, code: str, line: str) -> None:
-        with self._lock:
-            if code == "QUE-1003":
-                self._cycle += 1
-                self._cycle_started = time.monotonic()
-                self._cycle_peak = 0
-                self._cycle_blocks = 0
-                if self._cycle == 1:
-                    self._printer.plain()
-                    self._printer.plain("Phase 2: the queue is overfull: producers are flowed")
-                elif self._cycle == 2:
-                    self._printer.plain()
-                    self._printer.plain(
-                        "Phase 3: flow stops and resumes as the consumer drains "
-                        "(one line per cycle)"
-                    )
-            elif code == "CHN-1005":
-                self._cycle_blocks += 1
-            if self.detailed:
-                self._printer.line(line)
-            elif code == "QUE-1004":
-                self._printer.line(
-                    f"cycle {self._cycle:2d}: overfull for "
-                    f"{time.monotonic() - self._cycle_started:4.1f} s, peak depth "
-                    f"{self._cycle_peak:3d}, {self._cycle_blocks} channel block(s), then "
-                    "underfull: producers resume"
-                )
-
-    def client(self, line: str) -> None:
-        with self._lock:
-            if self.detailed:
-                self._printer.line(line)
-
-    def observe(self, depth: int) -> None:
-        with self._lock:
-            self._cycle_peak = max(self._cycle_peak, depth)
-
-    def depth(self, line: str) -> None:
-        with self._lock:
-            now = time.monotonic()
-            if self.detailed or now >= self._quiet_depth_at:
-                self._quiet_depth_at = now + self._QUIET_DEPTH_S
-                self._printer.line(line)
-
-    def note(self, line: str) -> None:
-        self._printer.line(line)
-
-
-class _DemoSink(EventSink):
-    """Counts and prints gateway events of the demo queue instead of logging them."""
-
-    def __init__(self) -> None:
-        super().__init__(None)
-        self.on_event: Callable[[Event], None] = lambda _event: None
-
-    def __call__(self, event: Event) -> None:
-        self.on_event(event)
-
-
-class _ClientLogHandler(logging.Handler):
-    """Shows the SDK's flow-control log records as event lines."""
-
-    def __init__(self, narrator: _Narrator, names: Callable[[], dict[str, str]]) -> None:
-        super().__init__(logging.INFO)
-        self._narrator = narrator
-        self._names = names
-
-    def emit(self, record: logging.LogRecord) -> None:
-        producer = getattr(record, "producer", None)
-        who = self._names().get(str(producer), f"producer {producer}") if producer else "client"
-        self._narrator.client(f"[{who}] {record.levelname} {record.getMessage()}")
-
-
-# -- the gateway ----------------------------------------------------------------------
-
-
-class _InProcessGateway:
-    """A GatewayService on free ports, driven by its own event-loop thread."""
-
-    def __init__(self, upstream: str, management_url: str, sink: EventSink) -> None:
-        self.config = GatewayConfig(
-            listen="127.0.0.1:0",
-            admin_listen="127.0.0.1:0",
-            upstream=upstream,
-            management_url=management_url,
-        )
-        self.service = GatewayService(self.config, sink=sink)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self.service.start(), self._loop).result(timeout=60)
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self.service.stop(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-
-    def depth(self, vhost: str, queue: str) -> int:
-        """The gateway's own count for the queue (read on its loop)."""
-
-        async def read() -> int:
-            return self.service.gateway.depth.get((vhost, queue)).messages
-
-        return asyncio.run_coroutine_threadsafe(read(), self._loop).result(timeout=5)
-
-
-def _with_credentials(url: str, base: str) -> str:
-    """``url``'s host and port with ``base``'s credentials and vhost."""
-    target, source = urlsplit(url), urlsplit(base)
-    netloc = target.hostname or "127.0.0.1"
-    if target.port:
-        netloc += f":{target.port}"
-    if source.username:
-        netloc = f"{source.username}:{source.password or ''}@{netloc}"
-    return urlunsplit(("amqp", netloc, source.path or "/%2F", "", ""))
 
 
 # -- admin API ---------------------------------------------------------------------------
@@ -341,93 +172,6 @@ class _Admin:
         except (urllib.error.URLError, OSError, ValueError):
             return None
         return body if isinstance(body, dict) else None
-
-
-# -- producers and consumer --------------------------------------------------------------
-
-
-def _producer(
-    url: str, queue: str, stats: ProducerStats, count: int, halt: threading.Event
-) -> None:
-    import rabbitflow
-
-    try:
-        factory = rabbitflow.ConnectionFactory(url)
-        with factory.create_connection() as connection:
-            session = connection.create_session()
-            producer = session.create_producer(session.create_queue(queue), capacity=stats.capacity)
-            stats.sdk_id = producer.id
-            for seq in range(count):
-                if halt.is_set():
-                    break
-                message = session.create_text_message(f"{stats.pid}:{seq}")
-                started = time.monotonic()
-                producer.send(message)
-                took = time.monotonic() - started
-                stats.sent += 1
-                if took > _WAIT_EPSILON_S:
-                    stats.waited_s += took
-                    stats.waits += 1
-                    stats.longest_wait_s = max(stats.longest_wait_s, took)
-            producer.close()
-    except Exception as exc:  # the summary reports it; the demo must not die mid-way
-        stats.error = f"{type(exc).__name__}: {exc}"
-
-
-@dataclass
-class _ConsumerState:
-    received: list[str] = field(default_factory=list)
-    error: str | None = None
-
-
-def _consumer(
-    *,
-    url: str,
-    queue: str,
-    state: _ConsumerState,
-    expected: int,
-    rate: float,
-    start: threading.Event,
-    halt: threading.Event,
-) -> None:
-    import rabbitflow
-
-    start.wait()
-    if halt.is_set():
-        return
-    try:
-        factory = rabbitflow.ConnectionFactory(url)
-        with factory.create_connection() as connection:
-            # CLIENT_ACKNOWLEDGE with an acknowledge() per message: the SDK's
-            # AUTO_ACKNOWLEDGE defers acks until it grants more credit, so
-            # received messages would keep counting in the queue's depth.
-            session = connection.create_session(
-                transacted=False, acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE
-            )
-            consumer = session.create_consumer(session.create_queue(queue))
-            connection.start()
-            pause = 1.0 / rate if rate > 0 else 0.0
-            while len(state.received) < expected and not halt.is_set():
-                message = consumer.receive(timeout=0.5)
-                if message is None:
-                    continue
-                state.received.append(message.body_bytes().decode())
-                message.acknowledge()
-                # Pacing, not waiting on a condition: this consumer is slow on purpose.
-                halt.wait(pause)
-            consumer.close()
-    except Exception as exc:
-        state.error = f"{type(exc).__name__}: {exc}"
-
-
-def _in_order(received: Sequence[str], counts: dict[str, int]) -> bool:
-    per: dict[str, list[int]] = {pid: [] for pid in counts}
-    for text in received:
-        pid, _, seq = text.partition(":")
-        if pid not in per or not seq.isdigit():
-            return False
-        per[pid].append(int(seq))
-    return all(per[pid] == list(range(n)) for pid, n in counts.items())
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -655,6 +399,16 @@ def _run_against(
     return result
 
 
+def _in_order(received: Sequence[str], counts: dict[str, int]) -> bool:
+    per: dict[str, list[int]] = {pid: [] for pid in counts}
+    for text in received:
+        pid, _, seq = text.partition(":")
+        if pid not in per or not seq.isdigit():
+            return False
+        per[pid].append(int(seq))
+    return all(per[pid] == list(range(n)) for pid, n in counts.items())
+
+
 def _check(result: DemoResult, consumer: _ConsumerState) -> None:
     if result.peak > result.bound:
         result.problems.append(f"peak depth {result.peak} above the bound {result.bound}")
@@ -710,24 +464,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rabbitmq-url", help="RabbitMQ for the in-process gateway")
     parser.add_argument("--management-url", help="RabbitMQ management API")
     return parser
-
-
-@contextlib.contextmanager
-def _quiet_structlog() -> Iterator[None]:
-    # The in-process gateway logs through structlog; send it to stdlib logging
-    # (warnings to stderr) so its INFO chatter does not bury the demo's lines.
-    if structlog.is_configured():
-        yield
-        return
-    structlog.configure(
-        processors=[structlog.stdlib.filter_by_level, structlog.stdlib.render_to_log_kwargs],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
-    )
-    try:
-        yield
-    finally:
-        structlog.reset_defaults()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

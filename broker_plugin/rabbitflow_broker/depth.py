@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["ChannelDeliveries", "Delivery", "DepthTracker", "QueueDepth", "QueueKey"]
 
@@ -28,12 +29,23 @@ QueueKey = tuple[str, str]  # (vhost, queue name)
 
 @dataclass(slots=True)
 class QueueDepth:
-    """Messages and body bytes of one queue; ``version`` counts changes."""
+    """Messages and body bytes of one queue; ``version`` counts changes.
+
+    ``hi_*`` and ``lo_*`` are the quiet window the owner of the queue's
+    threshold machine sets: while a publish leaves ``messages`` and ``bytes``
+    at or below ``hi_*``, and while a removal leaves either at or above its
+    ``lo_*``, the machine cannot change state and need not be consulted.
+    A new entry's window is empty (the first change is always judged).
+    """
 
     messages: int = 0
     bytes: int = 0
     version: int = 0
     changed_at: float = float("-inf")
+    hi_messages: float = -1
+    hi_bytes: float = -1
+    lo_messages: float = float("inf")
+    lo_bytes: float = float("inf")
 
 
 class DepthTracker:
@@ -67,9 +79,16 @@ class DepthTracker:
         entry of (e.g. a message published directly to RabbitMQ) cannot make
         it negative before reconciliation catches up.
         """
-        depth = self.get(key)
-        depth.messages = max(0, depth.messages + messages)
-        depth.bytes = max(0, depth.bytes + size) if depth.messages else 0
+        depth = self._queues.get(key)
+        if depth is None:
+            depth = self._queues[key] = QueueDepth()
+        count = depth.messages + messages
+        if count > 0:
+            depth.messages = count
+            size += depth.bytes
+            depth.bytes = size if size > 0 else 0
+        else:
+            depth.messages = depth.bytes = 0
         depth.version += 1
         depth.changed_at = now
         return depth
@@ -120,8 +139,7 @@ class DepthTracker:
         return depth
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
     """An unacknowledged delivery: which queue, how many body bytes."""
 
     queue: str

@@ -28,16 +28,14 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
-from rabbitflow_broker import amqp
+from rabbitflow_broker import amqp, engine_pause
 from rabbitflow_broker.amqp import CONTENT_METHODS, content_properties, decode_args, text
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.engine_channel import Channel
 from rabbitflow_broker.engine_flow import (
     PAUSE_BYTES,
     PAUSE_MESSAGES,
-    REPEAT_OFFENCE_S,
     Allowance,
-    Verdict,
 )
 from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Inbound, Out, content_unit
 from rabbitflow_broker.engine_upstream import FromUpstream
@@ -104,6 +102,7 @@ class Engine:
         self._closing_at: float | None = None
         self._closed = False
         self._stop_after: int | None = None  # channel whose message ends the parse
+        self._halted = False  # the last scan stopped at a channel's message end
         self._flow_paused = False
         self._blocked_capable = False
         self._started: float | None = None
@@ -128,7 +127,7 @@ class Engine:
         """The upstream socket is open: relay what the client sent meanwhile."""
         self._begin(now)
         self._upstream_ready = True
-        self._parse_client(b"")
+        self.parse_client(b"")
         return self._finish()
 
     def upstream_failed(self, now: float, cause: str) -> Actions:
@@ -146,7 +145,7 @@ class Engine:
         elif self._passthrough:
             self._up.add(data)
         elif not self._closed:
-            self._parse_client(data)
+            self.parse_client(data)
         return self._finish()
 
     def receive_upstream(self, data: bytes, now: float) -> Actions:
@@ -168,15 +167,15 @@ class Engine:
         elif not self._open and self._started is not None and self._handshake_expired(now):
             self.close_connection(amqp.CONNECTION_FORCED, "handshake timeout")
         else:
-            self._resume_if_allowed()
+            engine_pause.resume_if_allowed(self)
         return self._finish()
 
     def refresh(self, now: float) -> Actions:
         """The gateway's blocking state changed: release held confirms, unflow channels."""
         self._begin(now)
         if not self._closed and self._closing_at is None:
-            self._refresh_channels()
-            self._resume_if_allowed()
+            engine_pause.refresh_channels(self)
+            engine_pause.resume_if_allowed(self)
         return self._finish()
 
     def close_connection(self, code: int, text_: str, *, wait: bool = True) -> None:
@@ -250,7 +249,7 @@ class Engine:
         if not self._open and timeout is not None and self._started is not None:
             deadlines.append(self._started + timeout)
         if self._flow_paused:
-            until = self._pause_until()
+            until = engine_pause.pause_until(self)
             if until is not None and until != float("inf"):
                 deadlines.append(until)
         return min(deadlines) if deadlines else None
@@ -279,22 +278,37 @@ class Engine:
 
     # -- client -> upstream ------------------------------------------------------
 
-    def _parse_client(self, data: bytes) -> None:
+    def parse_client(self, data: bytes) -> None:
         inbound = self._client
         pending = inbound.pending
+        pos = 0
         if pending:
-            pending += data
-            if len(pending) < inbound.need or not self._upstream_ready:
-                self._check_pre_login()
-                return
-            buf: bytes | bytearray = pending
+            need = inbound.need
+            if (
+                need > 7
+                and self._upstream_ready
+                and self._header_seen
+                and len(pending) < need < len(pending) + len(data)
+            ):
+                # Complete the one pending frame from the head of ``data``, then
+                # scan the rest of ``data`` in place instead of copying it all.
+                pos = need - len(pending)
+                pending += memoryview(data)[:pos]
+                if not self._scan_pending(data, pos):
+                    return
+                buf: bytes | bytearray = data
+            else:
+                pending += data
+                if len(pending) < need or not self._upstream_ready:
+                    self._check_pre_login()
+                    return
+                buf = pending
         else:
             buf = data
         if not self._upstream_ready:
             pending += data
             self._check_pre_login()
             return
-        pos = 0
         if not self._header_seen:
             pos = self._protocol_header(buf)
             if pos < 0:
@@ -304,6 +318,39 @@ class Engine:
         except FrameError as exc:
             self._protocol_error(exc)
             return
+        self._keep_rest(buf, pos)
+
+    def _scan_pending(self, data: bytes, taken: int) -> bool:
+        """Scan ``pending``, whose last frame the first ``taken`` bytes of
+        ``data`` completed; True when it was used up and the scan may go on
+        in ``data`` from ``taken``, else the rest of ``data`` was dealt with
+        as if it had been appended to ``pending`` before the scan."""
+        pending = self._client.pending
+        self._halted = False
+        try:
+            pos = self._scan_client(pending, 0)
+        except FrameError as exc:
+            self._protocol_error(exc)
+            return False
+        if (
+            pos == len(pending)
+            and not self._halted
+            and not self._passthrough
+            and self._closing_at is None
+            and not self._closed
+        ):
+            self._up.flush()  # before the buffer it points into is cleared
+            pending.clear()
+            return True
+        whole = pos == len(pending) and self._closing_at is not None  # the rest goes nowhere
+        pending += memoryview(data)[taken:]
+        self._keep_rest(pending, len(pending) if whole else pos)
+        return False
+
+    def _keep_rest(self, buf: bytes | bytearray, pos: int) -> None:
+        """After a scan of ``buf`` that stopped at ``pos``: keep what was not
+        scanned for the next read (or pass it on, when RabbitMQ is to judge it)."""
+        pending = self._client.pending
         if self._passthrough:
             self._up.add(bytes(buf[pos:]))
             pos = len(buf)
@@ -361,6 +408,19 @@ class Engine:
             if kind == _METHOD and size >= 4:
                 method = _U32.unpack_from(buf, pos + 7)[0]
                 if (
+                    size == 13  # a single Basic.Ack, the consumer's commonest frame
+                    and method == amqp.BASIC_ACK
+                    and channel is not None
+                    and not channel.closed_by_gateway
+                    and self._stop_after is None
+                    and number not in self.upstream_closing
+                    and not self._mid_content(inbound, number)
+                ):
+                    channel.acked(_U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1))
+                    up.keep(buf, pos, end)
+                    pos = end
+                    continue
+                if (
                     method == amqp.BASIC_PUBLISH
                     and channel is not None
                     and not channel.blockers
@@ -372,6 +432,7 @@ class Engine:
                         up.keep(buf, pos, unit_end)
                         pos = unit_end
                         if self._stop_after is not None:
+                            self._halted = True
                             break
                         continue
             keep = self._client_frame(buf, pos, end, kind=kind, number=number, channel=channel)
@@ -387,6 +448,7 @@ class Engine:
                     stash.append(bytes(buf[pos:end]))
             pos = end
             if self._stop_after is not None and not self._mid_content(inbound, self._stop_after):
+                self._halted = True
                 break
         self._stop_after = None
         inbound.need = 7
@@ -516,72 +578,13 @@ class Engine:
         self._client.pending.clear()
         self.close_connection(exc.code, exc.text, wait=False)
 
-    # -- flow control across channels -------------------------------------------
-
-    def _refresh_channels(self) -> None:
-        hub = self.hub
-        blocked = self.route_blocked = hub.route_blocker(self.vhost)
-        vhost_blocked = hub.vhost_blocked(self.vhost)
-        for channel in list(self.channels.values()):
-            channel.refresh(blocked, vhost_blocked)
-        if not any(channel.blockers for channel in self.channels.values()):
-            self.allowance.renew()
-
     def counted_while_flowed(self, number: int, size: int) -> None:
-        """A publish on a flowed channel: past the connection's allowance, stop
-        parsing after it and pause reads."""
-        if self.allowance.count(size):
-            until = self._pause_until()
-            if until is not None and until > self.now:
-                self._stop_after = number
-                if not self._flow_paused:
-                    self._flow_paused = True
-                    if self._blocked_capable:
-                        self.send_client(0, amqp.connection_blocked("flow control"))
-
-    def _pause_until(self) -> float | None:
-        return self.allowance.pause_until(
-            c.flowed_at
-            for c in self.channels.values()
-            if c.blockers and c.flowed_at is not None and not c.closed_by_gateway
-        )
-
-    def _resume_if_allowed(self) -> None:
-        if not self._flow_paused:
-            if self._client.pending and self._upstream_ready:
-                self._parse_client(b"")
-            return
-        until = self._pause_until()
-        if until is not None and self.allowance.spent and until > self.now:
-            return
-        self._flow_paused = False
-        if self._blocked_capable:
-            self.send_client(0, amqp.CONNECTION_UNBLOCKED_FRAME)
-        self._parse_client(b"")
+        """A publish on a flowed channel (see :mod:`~rabbitflow_broker.engine_pause`)."""
+        engine_pause.counted_while_flowed(self, number, size)
 
     def flow_ignored(self, channel: Channel) -> bool:
-        """True (and the channel or connection closed) when ``channel`` publishes
-        past its enforcement timeout."""
-        if not channel.blockers:
-            return False
-        verdict = self.allowance.judge(self.now, channel.flowed_at)
-        if verdict is Verdict.FORWARD:
-            return False
-        self.emit(channel.event_ignored())
-        if verdict is Verdict.CLOSE_CONNECTION:
-            self.close_connection(
-                amqp.PRECONDITION_FAILED,
-                f"flow control ignored again within {REPEAT_OFFENCE_S:.0f} s of a channel close",
-            )
-            return True
-        timeout = self.settings.flow_enforcement_timeout or 0.0
-        channel.close(
-            amqp.PRECONDITION_FAILED,
-            f"flow control ignored: still publishing {timeout * 1000:.0f} ms after "
-            "Channel.Flow(active=false)",
-            amqp.BASIC_PUBLISH,
-        )
-        return True
+        """Whether ``channel`` ignores flow control (and was closed for it)."""
+        return engine_pause.flow_ignored(self, channel)
 
     def forget_channel(self, number: int) -> None:
         """The channel is closed on both sides."""

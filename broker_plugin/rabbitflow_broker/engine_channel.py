@@ -77,6 +77,12 @@ class Channel:
         self.committing: deque[tuple[list[tuple[Route, int]], list[tuple[str, int]]]] = deque()
         self.held_commits: list[Route] = []
         self.publish: tuple[str, str] | None = None
+        # The last publish's exchange and routing key as sent, and decoded.
+        self._last_raw: bytes | bytearray = b""
+        self._last_publish: tuple[str, str] | None = None
+        # The last delivery's consumer tag as sent, and decoded.
+        self._last_tag_raw: bytes | bytearray = b""
+        self._last_tag = ""
         self.delivery: tuple[str, int, bool] | None = None  # queue, tag, no_ack
         self.last_queue = ""
         self.blockers: dict[str, None] = {}
@@ -121,12 +127,23 @@ class Channel:
         Raises:
             FrameError: malformed Basic.Publish.
         """
+        first = start + 6
         try:
-            exchange, pos = _shortstr(data, start + 6)
+            end = first + 1 + data[first]
+            end += 1 + data[end]
+        except IndexError:
+            raise FrameError(SYNTAX_ERROR, "malformed basic.publish") from None
+        raw = data[first:end]
+        if raw == self._last_raw:  # publishers mostly repeat their destination
+            self.publish = self._last_publish
+            return
+        try:
+            exchange, pos = _shortstr(data, first)
             routing_key, _ = _shortstr(data, pos)
         except IndexError:
             raise FrameError(SYNTAX_ERROR, "malformed basic.publish") from None
-        self.publish = (exchange, routing_key)
+        self.publish = self._last_publish = (exchange, routing_key)
+        self._last_raw = raw
 
     def published(self, info: ContentInfo) -> None:
         """The content header of the channel's publish: route and count it."""
@@ -177,16 +194,22 @@ class Channel:
 
     def _ack(self, method: int, payload: bytes) -> bool:
         tag, multiple, requeue = _ack_fields(method, payload)
-        settled = self.deliveries.settle(tag, multiple)
         if method != amqp.BASIC_ACK and requeue:
-            return True
+            self.deliveries.settle(tag, multiple)
+        else:
+            self.acked(tag, multiple)
+        return True
+
+    def acked(self, tag: int, multiple: bool) -> None:
+        """The client acknowledged (or dropped) deliveries up to ``tag``: they
+        leave their queues (at commit, in a transaction)."""
+        settled = self.deliveries.settle(tag, multiple)
         hub, vhost = self.conn.hub, self.conn.vhost
         for delivery in settled:
             if self.tx:
                 self.tx_removals.append((delivery.queue, delivery.size))
             else:
                 hub.removed(vhost, delivery.queue, 1, delivery.size)
-        return True
 
     def _requeue(self, method: int, payload: bytes) -> bool:
         self.deliveries.requeue_all()
@@ -302,8 +325,15 @@ class Channel:
     def deliver(self, data: bytes | bytearray, start: int) -> bool:
         """Basic.Deliver (payload at ``data[start]``): the next content header
         on the channel is its message."""
+        first = start + 4
         try:
-            tag, pos = _shortstr(data, start + 4)
+            pos = first + 1 + data[first]
+            raw = data[first:pos]
+            if raw == self._last_tag_raw:  # deliveries mostly repeat their consumer
+                tag = self._last_tag
+            else:
+                tag, pos = _shortstr(data, first)
+                self._last_tag_raw, self._last_tag = raw, tag
             (delivery_tag,) = _U64.unpack_from(data, pos)
         except (IndexError, struct.error):
             return True
@@ -332,10 +362,10 @@ class Channel:
             return True
         tag, multiple, _requeue = _ack_fields(method, payload)
         hub, vhost = self.conn.hub, self.conn.vhost
-        if (
-            method == amqp.BASIC_ACK
-            and not multiple
-            and tracker.ack_one(tag, self.conn.route_blocked)
+        if method == amqp.BASIC_ACK and (
+            tracker.ack_upto(tag, self.conn.route_blocked)
+            if multiple
+            else tracker.ack_one(tag, self.conn.route_blocked)
         ):
             return True
         if method == amqp.BASIC_ACK:

@@ -24,7 +24,6 @@ import datetime as dt
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rabbitflow_broker import mirror
@@ -44,39 +43,14 @@ from rabbitflow_broker.flow import (
     with_derived_resume,
 )
 from rabbitflow_broker.frames import FrameError
+from rabbitflow_broker.gateway_store import StoreQuotaMixin
+from rabbitflow_broker.gateway_views import AdminViewsMixin, BlockedChannel, QueueSnapshot
 from rabbitflow_broker.routing import RoutingError, RoutingTable
-from rabbitflow_broker.store import StoreQuota, StoreSnapshot, StoreSource
+from rabbitflow_broker.store import StoreQuota, StoreState
 
 __all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
 
 Route = frozenset[str]
-
-# RabbitMQ's default collect_statistics_interval: how stale
-# message_bytes_persistent from the management API can be.
-_STATS_INTERVAL_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class BlockedChannel:
-    """A client channel currently sent ``Channel.Flow(active=false)``."""
-
-    connection: int
-    channel: int
-    user: str
-    remote: str
-    vhost: str
-    blocked_on: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """Admin API shape."""
-        return {
-            "connection": self.connection,
-            "channel": self.channel,
-            "user": self.user,
-            "remote": self.remote,
-            "vhost": self.vhost,
-            "blockedOn": list(self.blocked_on),
-        }
 
 
 class Connection(Protocol):
@@ -101,42 +75,14 @@ class Connection(Protocol):
         """Admin API view of this connection's channels."""
 
 
-@dataclass(frozen=True, slots=True)
-class QueueSnapshot:
-    """A queue as the admin API shows it."""
-
-    vhost: str
-    name: str
-    messages: int
-    bytes: int
-    thresholds: Thresholds
-    source: ThresholdsSource
-    flow_stopped: bool
-    flow_stopped_count: int
-    blocked_channels: tuple[BlockedChannel, ...]
-    flow_stopped_seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """Admin API JSON."""
-        return {
-            "name": self.name,
-            "vhost": self.vhost,
-            "messages": self.messages,
-            "bytes": self.bytes,
-            **self.thresholds.to_json(),
-            "source": self.source,
-            "flowStopped": self.flow_stopped,
-            "flowStoppedCount": self.flow_stopped_count,
-            "flowStoppedSeconds": round(self.flow_stopped_seconds, 3),
-            "blockedChannels": [c.to_json() for c in self.blocked_channels],
-        }
-
-
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-class Gateway:
+_INF = float("inf")
+
+
+class Gateway(StoreQuotaMixin, AdminViewsMixin):
     """Shared state of the gateway; every method is synchronous and quick."""
 
     def __init__(
@@ -155,6 +101,9 @@ class Gateway:
         self._clock = clock
         self._monotonic = monotonic
         self._flows: dict[QueueKey, QueueFlow] = {}
+        # Queues whose machine is ON: while empty (and no administrator stop)
+        # no route is blocked and the per-publish checks end at once.
+        self._stopped: set[QueueKey] = set()
         self._sources: dict[QueueKey, ThresholdsSource] = {}
         self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
         self._runtime: dict[QueueKey, Thresholds] = {}
@@ -324,6 +273,7 @@ class Gateway:
         self.depth.forget(key)
         machine = self._flows.pop(key, None)
         self._sources.pop(key, None)
+        self._stopped.discard(key)
         if machine is not None and machine.stopped:
             self.wake()
 
@@ -412,10 +362,12 @@ class Gateway:
     def vhost_blocked(self, vhost: str) -> bool:
         """True while every producer of the vhost is blocked (store quota, admin stop)."""
         stops = self._admin_stops
-        if (None, None) in stops or (vhost, None) in stops or vhost in self._forced_vhosts:
+        if stops and ((None, None) in stops or (vhost, None) in stops):
+            return True
+        if self._forced_vhosts and vhost in self._forced_vhosts:
             return True
         store = self._stores.get(vhost)
-        return store is not None and store.overfull
+        return store is not None and store.state is StoreState.OVERFULL
 
     def _queue_stopped(self, vhost: str, queue: str) -> bool:
         stops = self._admin_stops
@@ -432,15 +384,14 @@ class Gateway:
         """A predicate for :class:`~rabbitflow_broker.confirms.ConfirmTracker`."""
         if self.vhost_blocked(vhost):
             return lambda route: True
-        flows = self._flows
+        on = self._stopped
+        stops = self._admin_stops
         stopped = self._queue_stopped
 
         def blocked(route: Route) -> bool:
-            for queue in route:
-                machine = flows.get((vhost, queue))
-                if (machine is not None and machine.stopped) or stopped(vhost, queue):
-                    return True
-            return False
+            if not on and not stops:
+                return False
+            return any((vhost, queue) in on or stopped(vhost, queue) for queue in route)
 
         return blocked
 
@@ -498,89 +449,6 @@ class Gateway:
         """Current administrator stops, oldest first."""
         return [{"vhost": vhost, "queue": queue} for vhost, queue in self._admin_stops]
 
-    # -- store quota ---------------------------------------------------------
-
-    def store(self, vhost: str, source: StoreSource = "management") -> StoreQuota:
-        """The vhost's quota machine, created on first use."""
-        machine = self._stores.get(vhost)
-        if machine is None:
-            machine = self._stores[vhost] = StoreQuota(
-                vhost,
-                self.config.store_overfull_size,
-                self.config.store_underfull_size,
-                source=source,
-            )
-        return machine
-
-    @property
-    def store_quota_on(self) -> bool:
-        """True when ``--store-overfull-size`` is set."""
-        return self.config.store_overfull_size > 0
-
-    def _store_window(self, source: StoreSource) -> float:
-        # How old a measurement can be: the poll interval, plus RabbitMQ's
-        # collect_statistics_interval (5 s by default) for the statistics.
-        poll = self.config.store_poll_interval / 1000
-        return poll + (_STATS_INTERVAL_S if source == "management" else 0.0)
-
-    def observe_store(self, vhost: str, size: int, source: StoreSource) -> None:
-        """A measured store size for a vhost; blocks or frees its producers on a transition.
-
-        The quota machine sees the measurement plus the persistent bytes
-        published through the gateway within the measurement's staleness
-        window (see :meth:`persistent_published`).
-
-        Raises:
-            ValueError: a negative size.
-        """
-        if size < 0:
-            raise ValueError(f"store size cannot be negative, got {size}")
-        self.store(vhost, source).source = source
-        self._store_measured[vhost] = size
-        self._evaluate_store(vhost)
-
-    def persistent_published(self, vhost: str, size: int) -> None:
-        """Persistent body bytes (times the queues routed to) just relayed to a vhost.
-
-        Added to the last measurement until it is older than the staleness
-        window, so the quota bites at the publish that crosses it instead
-        of seconds later; counted twice at worst (already in a measurement),
-        which only blocks early.
-        """
-        if not self.store_quota_on:
-            return
-        recent = self._store_recent.get(vhost)
-        if recent is None:
-            recent = self._store_recent[vhost] = deque()
-        recent.append((self._monotonic(), size))
-        self._store_recent_sum[vhost] = self._store_recent_sum.get(vhost, 0) + size
-        self._evaluate_store(vhost)
-
-    def _evaluate_store(self, vhost: str) -> None:
-        machine = self.store(vhost)
-        recent = self._store_recent.get(vhost)
-        pending = 0
-        if recent:
-            horizon = self._monotonic() - self._store_window(machine.source)
-            total = self._store_recent_sum[vhost]
-            while recent and recent[0][0] < horizon:
-                total -= recent.popleft()[1]
-            self._store_recent_sum[vhost] = pending = total
-        was_overfull = machine.overfull
-        event = machine.observe(self._store_measured.get(vhost, 0) + pending, self._clock())
-        if event is not None:
-            self._sink(event)
-        if machine.overfull != was_overfull:
-            self.wake()
-
-    def store_snapshots(self) -> list[StoreSnapshot]:
-        """Every vhost's store quota, by vhost name."""
-        return [self._stores[vhost].snapshot() for vhost in sorted(self._stores)]
-
-    def held_confirms(self) -> int:
-        """Confirms and commit-oks held from clients, across every channel."""
-        return sum(connection.held_confirms() for connection in self._connections.values())
-
     def wake(self) -> None:
         """Ask every relay to re-check what it holds."""
         for connection in list(self._connections.values()):
@@ -589,10 +457,24 @@ class Gateway:
     # -- depth ---------------------------------------------------------------
 
     def _observe(self, key: QueueKey) -> None:
+        """Feed the queue's depth to its threshold machine, then set the
+        depth's quiet window (see :class:`~rabbitflow_broker.depth.QueueDepth`)
+        so that publishes and removals that cannot change the state skip it."""
         machine = self.flow(key)
         depth = self.depth.get(key)
         was_stopped = machine.stopped
         event = machine.observe(depth.messages, depth.bytes, self._clock())
+        t = machine.thresholds
+        if machine.stopped:
+            self._stopped.add(key)
+            depth.hi_messages = depth.hi_bytes = _INF  # publishes keep it ON
+            depth.lo_messages = t.resume_count if t.stop_count else _INF
+            depth.lo_bytes = t.resume_size if t.stop_size else _INF
+        else:
+            self._stopped.discard(key)
+            depth.hi_messages = t.stop_count or _INF
+            depth.hi_bytes = t.stop_size or _INF
+            depth.lo_messages = depth.lo_bytes = -1  # removals keep it OFF
         if event is not None:
             self._sink(event)
             if was_stopped and not machine.stopped:
@@ -601,16 +483,19 @@ class Gateway:
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""
         now = self._monotonic()
+        add = self.depth.add
         for queue in route:
             key = (vhost, queue)
-            self.depth.add(key, 1, size, now)
-            self._observe(key)
+            depth = add(key, 1, size, now)
+            if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
+                self._observe(key)
 
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
         """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
         key = (vhost, queue)
-        self.depth.add(key, -messages, -size, self._monotonic())
-        self._observe(key)
+        depth = self.depth.add(key, -messages, -size, self._monotonic())
+        if depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes:
+            self._observe(key)
 
     def purged(self, vhost: str, queue: str, count: int) -> None:
         """RabbitMQ purged ``count`` ready messages."""
@@ -639,40 +524,3 @@ class Gateway:
             settle=settle,
         ):
             self._observe(key)
-
-    # -- snapshots -----------------------------------------------------------
-
-    def queue_keys(self) -> list[QueueKey]:
-        """Every queue the gateway knows, sorted."""
-        return sorted(set(self._queue_args) | set(self.depth))
-
-    def blocked_channels(self) -> list[BlockedChannel]:
-        """Every flowed channel of every connection."""
-        return [c for conn in self._connections.values() for c in conn.blocked_channels()]
-
-    def snapshot(self, vhost: str, name: str) -> QueueSnapshot:
-        """The admin API view of one queue."""
-        key = (vhost, name)
-        machine = self.flow(key)
-        depth = self.depth.get(key)
-        blocked = tuple(
-            c
-            for c in self.blocked_channels()
-            if c.vhost == vhost and (name in c.blocked_on or ALL_QUEUES in c.blocked_on)
-        )
-        return QueueSnapshot(
-            vhost=vhost,
-            name=name,
-            messages=depth.messages,
-            bytes=depth.bytes,
-            thresholds=machine.thresholds,
-            source=self._sources.get(key, "none"),
-            flow_stopped=machine.stopped,
-            flow_stopped_count=machine.flow_stopped_count,
-            blocked_channels=blocked,
-            flow_stopped_seconds=machine.stopped_seconds(self._clock()),
-        )
-
-    def snapshots(self) -> list[QueueSnapshot]:
-        """The admin API view of every known queue."""
-        return [self.snapshot(vhost, name) for vhost, name in self.queue_keys()]

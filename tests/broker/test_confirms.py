@@ -97,3 +97,38 @@ def test_ack_of_unknown_tag_sends_nothing() -> None:
 def test_multiple_ack_tag_zero_covers_everything() -> None:
     tracker = _tracker(A, A)
     assert tracker.upstream_ack(0, True, _blocked())[0] == [Confirm(2, True, True)]
+
+
+def test_ack_upto_passes_a_free_multiple_ack_and_forgets_what_it_covers() -> None:
+    tracker = _tracker(A, B, A, A)
+    assert tracker.ack_upto(3, _blocked())
+    assert tracker.outstanding == 1
+    assert tracker.upstream_ack(4, False, _blocked())[0] == [Confirm(4, False, True)]
+
+
+def test_ack_upto_changes_nothing_when_a_covered_route_is_blocked() -> None:
+    tracker = _tracker(A, B, A)
+    assert not tracker.ack_upto(3, _blocked("b"))
+    assert tracker.outstanding == 3
+    # The slow path then splits it as before.
+    assert tracker.upstream_ack(3, True, _blocked("b")) == (
+        [Confirm(1, False, True), Confirm(3, False, True)],
+        [B],
+    )
+
+
+def test_ack_upto_leaves_it_to_the_slow_path_while_a_confirm_is_held() -> None:
+    tracker = _tracker(B, A, A)
+    tracker.upstream_ack(1, False, _blocked("b"))  # 1 held
+    assert not tracker.ack_upto(3, _blocked())
+    assert tracker.upstream_ack(3, True, _blocked("b"))[0] == [
+        Confirm(2, False, True),
+        Confirm(3, False, True),
+    ]
+
+
+def test_ack_upto_of_nothing_unconfirmed_or_tag_zero_is_not_taken() -> None:
+    tracker = _tracker(A, A)
+    assert tracker.ack_upto(2, _blocked())
+    assert not tracker.ack_upto(2, _blocked())
+    assert not _tracker(A).ack_upto(0, _blocked())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pamqp import commands
 
 from rabbitflow_broker import engine as engine_module
@@ -280,3 +283,40 @@ def test_upstream_refusal_reaches_the_client_as_320_with_the_cause() -> None:
 def test_the_engine_module_defines_its_limits() -> None:
     assert engine_module.PRE_LOGIN_FRAME_MAX == 4096
     assert engine_module.PRE_LOGIN_BUFFER == 64 * 1024
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9000), min_size=1, max_size=25),
+    cuts=st.lists(st.integers(0, 250_000), max_size=12),
+)
+def test_any_split_of_a_publish_stream_is_forwarded_whole_and_counted_once(
+    sizes: list[int], cuts: list[int]
+) -> None:
+    """However the socket cuts a stream of publishes (a frame completed by the
+    head of the next read, several frames per read, one byte at a time), the
+    same bytes go upstream in order and every publish is counted once."""
+    w = wire(stop_count=0)
+    stream = b"".join(publish(1, "q", bytes([n % 251]) * n) for n in sizes)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    w.client(*(stream[a:b] for a, b in itertools.pairwise(points)))
+    assert bytes(w.to_upstream) == stream
+    depth = w.gateway.depth.get(("/", "q"))
+    assert (depth.messages, depth.bytes) == (len(sizes), sum(sizes))
+
+
+def test_a_frame_completed_by_the_next_read_stops_a_flowed_stream_as_one_read_would() -> None:
+    """The parse of a flowed connection stops after the publish that spends its
+    allowance whether the stream came in one read or the head of the second
+    read completed that publish's last frame; what is not parsed stays for
+    later, unsent."""
+    stream = b"".join(publish(1, "q", b"y" * 100) for _ in range(PAUSE_MESSAGES + 50))
+    whole = wire(stop_count=1)
+    whole.client(stream)
+    stop = len(whole.to_upstream)
+    assert 0 < stop < len(stream)
+    for back in (1, 5, 50):  # the second read completes the body of the last publish parsed
+        split = wire(stop_count=1)
+        split.client(stream[: stop - back], stream[stop - back :])
+        assert bytes(split.to_upstream) == bytes(whole.to_upstream)
+        assert split.engine._client.pending == whole.engine._client.pending

@@ -1,0 +1,133 @@
+"""What the admin API and metrics see of the gateway (read-only views).
+
+:class:`BlockedChannel` and :class:`QueueSnapshot` are the admin API's
+shapes; :class:`AdminViewsMixin` builds them (and the other read-only
+summaries) for :class:`~rabbitflow_broker.gateway.Gateway` from its state,
+which it never changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rabbitflow_broker.depth import DepthTracker, QueueKey
+from rabbitflow_broker.events import ALL_QUEUES
+from rabbitflow_broker.flow import QueueFlow, Thresholds, ThresholdsSource
+
+if TYPE_CHECKING:
+    from rabbitflow_broker.gateway import Connection
+
+__all__ = ["AdminViewsMixin", "BlockedChannel", "QueueSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedChannel:
+    """A client channel currently sent ``Channel.Flow(active=false)``."""
+
+    connection: int
+    channel: int
+    user: str
+    remote: str
+    vhost: str
+    blocked_on: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Admin API shape."""
+        return {
+            "connection": self.connection,
+            "channel": self.channel,
+            "user": self.user,
+            "remote": self.remote,
+            "vhost": self.vhost,
+            "blockedOn": list(self.blocked_on),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """A queue as the admin API shows it."""
+
+    vhost: str
+    name: str
+    messages: int
+    bytes: int
+    thresholds: Thresholds
+    source: ThresholdsSource
+    flow_stopped: bool
+    flow_stopped_count: int
+    blocked_channels: tuple[BlockedChannel, ...]
+    flow_stopped_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Admin API JSON."""
+        return {
+            "name": self.name,
+            "vhost": self.vhost,
+            "messages": self.messages,
+            "bytes": self.bytes,
+            **self.thresholds.to_json(),
+            "source": self.source,
+            "flowStopped": self.flow_stopped,
+            "flowStoppedCount": self.flow_stopped_count,
+            "flowStoppedSeconds": round(self.flow_stopped_seconds, 3),
+            "blockedChannels": [c.to_json() for c in self.blocked_channels],
+        }
+
+
+class AdminViewsMixin:
+    """The snapshot builders of :class:`~rabbitflow_broker.gateway.Gateway`."""
+
+    # The gateway's state these read, set by Gateway.__init__.
+    depth: DepthTracker
+    _clock: Callable[[], dt.datetime]
+    _connections: dict[int, Connection]
+    _queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]]
+    _sources: dict[QueueKey, ThresholdsSource]
+
+    if TYPE_CHECKING:
+
+        def flow(self, key: QueueKey) -> QueueFlow: ...
+
+    # -- snapshots -----------------------------------------------------------
+
+    def held_confirms(self) -> int:
+        """Confirms and commit-oks held from clients, across every channel."""
+        return sum(connection.held_confirms() for connection in self._connections.values())
+
+    def queue_keys(self) -> list[QueueKey]:
+        """Every queue the gateway knows, sorted."""
+        return sorted(set(self._queue_args) | set(self.depth))
+
+    def blocked_channels(self) -> list[BlockedChannel]:
+        """Every flowed channel of every connection."""
+        return [c for conn in self._connections.values() for c in conn.blocked_channels()]
+
+    def snapshot(self, vhost: str, name: str) -> QueueSnapshot:
+        """The admin API view of one queue."""
+        key = (vhost, name)
+        machine = self.flow(key)
+        depth = self.depth.get(key)
+        blocked = tuple(
+            c
+            for c in self.blocked_channels()
+            if c.vhost == vhost and (name in c.blocked_on or ALL_QUEUES in c.blocked_on)
+        )
+        return QueueSnapshot(
+            vhost=vhost,
+            name=name,
+            messages=depth.messages,
+            bytes=depth.bytes,
+            thresholds=machine.thresholds,
+            source=self._sources.get(key, "none"),
+            flow_stopped=machine.stopped,
+            flow_stopped_count=machine.flow_stopped_count,
+            blocked_channels=blocked,
+            flow_stopped_seconds=machine.stopped_seconds(self._clock()),
+        )
+
+    def snapshots(self) -> list[QueueSnapshot]:
+        """The admin API view of every known queue."""
+        return [self.snapshot(vhost, name) for vhost, name in self.queue_keys()]

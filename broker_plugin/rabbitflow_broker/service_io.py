@@ -1,0 +1,133 @@
+"""What the gateway service reads and writes on its host, outside the gateway's state.
+
+The TLS contexts of the client listener and of an ``amqps://`` upstream,
+the event loop's handler that names file-descriptor exhaustion (when the
+listeners cannot accept), the :class:`EventSink` that writes each event to
+the console and ``--event-log``, and the message store's size on disk for
+``--store-path``.  :mod:`rabbitflow_broker.service` uses and re-exports
+them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import ssl
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.events import Event
+
+__all__ = [
+    "EventSink",
+    "disk_store_sizes",
+    "loop_exception_handler",
+    "server_ssl_context",
+    "upstream_ssl_context",
+]
+
+_log = structlog.get_logger("rabbitflow.broker")
+_events_log = structlog.get_logger("rabbitflow.broker.events")
+
+_FD_ERRNOS = (errno.EMFILE, errno.ENFILE)
+
+
+def server_ssl_context(config: GatewayConfig) -> ssl.SSLContext:
+    """The TLS context of ``--listen-tls`` (certificate, key, optional client CA).
+
+    Raises:
+        ssl.SSLError, OSError: a file is unreadable or not a matching PEM.
+    """
+    if config.tls_cert is None or config.tls_key is None:
+        raise ValueError("server_ssl_context needs --tls-cert and --tls-key")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    if config.tls_client_ca:
+        context.load_verify_locations(cafile=config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def upstream_ssl_context(config: GatewayConfig) -> ssl.SSLContext:
+    """The TLS context for an ``amqps://`` upstream: verified, hostname checked.
+
+    Against ``--upstream-ca`` when given, else the system's CAs.
+
+    Raises:
+        ssl.SSLError, OSError: the CA file is unreadable or not PEM.
+    """
+    return ssl.create_default_context(cafile=config.upstream_ca)
+
+
+class EventSink:
+    """Console line + JSON event log for every event; callable."""
+
+    def __init__(self, event_log: str | None) -> None:
+        self._path = event_log
+        self._file: IO[str] | None = None
+
+    def __call__(self, event: Event) -> None:
+        record = event.to_record()
+        _events_log.info(event.line(), code=event.code)
+        if self._path is not None:
+            if self._file is None:
+                self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
+            self._file.write(json.dumps(record, default=str) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        """Close the event log."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def disk_store_sizes(data_dir: str) -> dict[str, int]:
+    """vhost -> bytes on disk of its message store under a RabbitMQ data dir.
+
+    RabbitMQ keeps each vhost's store in ``msg_stores/vhosts/<hash>/`` with
+    the vhost's name in a ``.vhost`` file there; ``data_dir`` may be the
+    node's data directory (``.../mnesia/rabbit@host``) or any directory
+    above it.  Files that vanish while being measured (segment compaction)
+    are skipped.
+
+    Raises:
+        OSError: ``data_dir`` cannot be read.
+    """
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise NotADirectoryError(f"--store-path: {data_dir} is not a directory")
+    sizes: dict[str, int] = {}
+    for marker in root.glob("**/msg_stores/vhosts/*/.vhost"):
+        try:
+            vhost = marker.read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        total = 0
+        for dirpath, _dirs, files in os.walk(marker.parent):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+        sizes[vhost] = sizes.get(vhost, 0) + total
+    return sizes
+
+
+def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Say "too many open files" for fd exhaustion (accept errors too); else asyncio's default."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno in _FD_ERRNOS:
+        _log.error(
+            "too many open files: connections are not accepted until some close "
+            "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)",
+            error=str(exc),
+            context=str(context.get("message", "")),
+        )
+        return
+    loop.default_exception_handler(context)
