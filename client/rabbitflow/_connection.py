@@ -228,6 +228,9 @@ class Connection:
         self._listener: ExceptionListener | None = None
         self._sessions: list[Session] = []
         self._producers: list[MessageProducer] = []
+        # ids of producers whose pump is posted and has not run yet (set.add
+        # and set.discard are atomic: no lock on the send path)
+        self._pumps_pending: set[int] = set()
         self._consumers: dict[int, MessageConsumer] = {}
         self._blocked: str | None = None
         self._flow_lock = threading.Lock()

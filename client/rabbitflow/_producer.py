@@ -45,6 +45,10 @@ _FAILED = "Message send failed due to timeout waiting on broker enforced flow co
 _TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
 _ENFORCED = "Broker enforced flow control has been enforced"
 _REMOVED = "Broker enforced flow control is no longer in effect"
+# A send that finds its pump posted this long ago (s) and not yet run lets
+# the I/O thread take the GIL; see MessageProducer._hand_off.
+_HANDOFF_AFTER = 0.001
+_HANDOFF_MAX = 0.002  # longest such a send waits for the pump to start
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +86,11 @@ class MessageProducer:
         self._config = config
         self._clock = session.connection.clock
         self._wait = session.connection.wait
+        self._pumps_pending = session.connection._pumps_pending
         self._transacted = session.transacted
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._pumped = threading.Condition(lock)  # notified when a pump starts
         self._window: ProducerWindow[_Outgoing] = ProducerWindow(
             capacity,
             backoff_initial=config.nack_backoff_initial_ms / 1000,
@@ -91,6 +98,8 @@ class MessageProducer:
         )
         self._channel: TransportChannel | None = None
         self._pump_scheduled = False
+        self._pump_posted_at = 0.0
+        self._io_thread: int | None = None  # ident of the thread that runs pumps
         self._timer_at: float | None = None
         self._error: JMSException | None = None
         self._closed = False
@@ -191,6 +200,11 @@ class MessageProducer:
             self._window.accept(outgoing)
             schedule = not self._pump_scheduled
             self._pump_scheduled = True
+            if schedule:
+                self._pump_posted_at = self._clock()
+                self._pumps_pending.add(id(self))
+            else:
+                self._hand_off()
         if schedule:
             self._session.connection._post(self._pump)
 
@@ -305,6 +319,25 @@ class MessageProducer:
                 raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
             self._wait(self._cond, max(step.wake_at - now, 0.001))
 
+    def _hand_off(self) -> None:
+        """Let the posted pump run if it has waited ``_HANDOFF_AFTER`` (holding ``_cond``).
+
+        The I/O thread that is to publish what this thread accepts needs the
+        GIL, and a thread that keeps sending holds it until it blocks (the
+        window full) or CPython's switch interval (5 ms) passes, so a window
+        freed by a confirm batch would go out only once refilled.  Waiting on
+        a lock gives the GIL away at once; the message is already accepted,
+        so this wait changes nothing but when its publish is written.
+        """
+        now = self._clock()
+        if now - self._pump_posted_at < _HANDOFF_AFTER or len(self._pumps_pending) > 1:
+            # Other producers' pumps wait too: their threads already pass the
+            # GIL around, and the I/O thread batches their publishes.
+            return
+        self._pump_posted_at = now  # if the pump is slow, do not wait on every send
+        if threading.get_ident() != self._io_thread:  # it cannot wait for itself
+            self._wait(self._pumped, _HANDOFF_MAX)
+
     def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
         fields = self._fields(target)
         if isinstance(notice, SendDelayed):
@@ -349,6 +382,9 @@ class MessageProducer:
         """Publish what the window allows now; arm the re-send timer."""
         with self._cond:
             self._pump_scheduled = False
+            self._pumps_pending.discard(id(self))
+            self._io_thread = threading.get_ident()
+            self._pumped.notify_all()
             channel = self._channel
             if channel is None or channel.closed:
                 return

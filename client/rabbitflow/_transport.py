@@ -221,6 +221,9 @@ def _from_pika(props: pika.BasicProperties) -> WireProperties:
 _FRAME_END = b"\xce"
 _HEADER_PREFIX = struct.Struct(">BHIHHQH")  # type, channel, size, class, weight, body size, flags
 _BODY_PREFIX = struct.Struct(">BHI")
+_TABLE_SIZE = struct.Struct(">I")
+_INT32 = struct.Struct(">ci")  # pika's table value for an int that fits 32 bits
+_INT64 = struct.Struct(">cq")  # ... and for a larger one
 
 
 class _PublishEncoder:
@@ -229,6 +232,7 @@ class _PublishEncoder:
     def __init__(self) -> None:
         self._methods: dict[tuple[int, str, str, bool], bytes] = {}
         self._tables: dict[tuple[tuple[str, Any], ...], bytes] = {}
+        self._keys: dict[str, bytes] = {}  # header name -> short string
 
     @staticmethod
     def _short(text: str) -> bytes:
@@ -254,6 +258,21 @@ class _PublishEncoder:
         return frame
 
     def _table(self, headers: dict[str, Any]) -> bytes:
+        if len(headers) == 1:
+            # The common case, ``{"JMSTimestamp": ms}``: its value differs in
+            # every message, so the cache below would only miss; pack it here
+            # exactly as pika's encode_table does.
+            ((name, value),) = headers.items()
+            if type(value) is int:
+                short = self._keys.get(name)
+                if short is None:
+                    short = self._short(name)
+                    if len(self._keys) > 1000:
+                        self._keys.clear()
+                    self._keys[name] = short
+                if -0x80000000 <= value <= 0x7FFFFFFF:
+                    return _TABLE_SIZE.pack(len(short) + 5) + short + _INT32.pack(b"I", value)
+                return _TABLE_SIZE.pack(len(short) + 9) + short + _INT64.pack(b"l", value)
         try:
             key = tuple(sorted(headers.items()))
             hash(key)

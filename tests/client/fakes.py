@@ -196,7 +196,8 @@ class FakeChannel:
 
 
 class FakeTransport:
-    """Runs posted work at once (there is no I/O thread); timers wait for ``fire_timers``."""
+    """Runs posted work at once (there is no I/O thread) unless told to hold
+    it; timers wait for ``fire_timers``."""
 
     def __init__(self, broker: FakeBroker, url: str, listener: Any, **_kw: Any) -> None:
         self.broker = broker
@@ -208,6 +209,7 @@ class FakeTransport:
         self.lost = False
         self.connected = False
         self.fail_connect: Exception | None = None
+        self.held_posts: list[Callable[[], None]] | None = None
 
     @property
     def alive(self) -> bool:
@@ -233,7 +235,19 @@ class FakeTransport:
         return channel
 
     def post(self, fn: Callable[[], None]) -> None:
+        if self.held_posts is not None:
+            self.held_posts.append(fn)
+            return
         fn()
+
+    def hold_posts(self) -> None:
+        """Queue posted work (as a busy I/O thread would) until ``run_posts``."""
+        self.held_posts = []
+
+    def run_posts(self) -> None:
+        posts, self.held_posts = self.held_posts or [], None
+        for fn in posts:
+            fn()
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         self.timers.append((delay, fn))

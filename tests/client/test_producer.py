@@ -179,6 +179,35 @@ def test_confirm_frees_the_window() -> None:
     assert producer.confirmed_count == 1
 
 
+def test_a_send_finding_its_pump_posted_a_while_ago_waits_for_it_to_run() -> None:
+    harness, session, producer, _ = setup(capacity=10)
+    harness.transport.hold_posts()
+    producer.send(session.create_text_message("1"))
+    producer.send(session.create_text_message("2"))
+    assert harness.wait.waits == []  # the pump was posted just now
+    harness.clock.advance(0.002)
+    producer.send(session.create_text_message("3"))
+    # The send stepped aside (a short wait, not a flow-control one) and
+    # returned: the message is accepted whatever the wait's outcome.
+    assert harness.wait.waits == [0.002]
+    assert producer.sent_count == 3
+    harness.transport.run_posts()
+    assert bodies(harness) == [b"1", b"2", b"3"]
+
+
+def test_a_send_does_not_wait_for_its_pump_while_other_producers_pumps_wait() -> None:
+    harness, session, producer, _ = setup(capacity=10)
+    other = session.create_producer(session.create_queue("orders"), capacity=10)
+    harness.transport.hold_posts()
+    producer.send(session.create_text_message("1"))
+    other.send(session.create_text_message("a"))
+    harness.clock.advance(0.002)
+    producer.send(session.create_text_message("2"))
+    assert harness.wait.waits == []
+    harness.transport.run_posts()
+    assert bodies(harness) == [b"1", b"2", b"a"]
+
+
 def test_channel_flow_holds_publishes_and_logs_enforcement(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -29,6 +29,15 @@ def _pika_frames(
     [
         WireProperties(),
         WireProperties(delivery_mode=1),
+        # One-entry tables take the encoder's short path (send() adds the
+        # JMSTimestamp header to nearly every message); ints either side of
+        # the 32-bit boundary, and a bool that must not take it.
+        WireProperties(headers={"JMSTimestamp": 1_795_558_452_781}),
+        WireProperties(headers={"n": 7}),
+        WireProperties(headers={"n": -(1 << 31)}),
+        WireProperties(headers={"n": 1 << 31}),
+        WireProperties(headers={"n": -(1 << 31) - 1}),
+        WireProperties(headers={"ok": True}),
         WireProperties(
             content_type="text/plain",
             content_encoding="utf-8",
