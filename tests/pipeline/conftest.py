@@ -38,6 +38,11 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        # One JVM runs every pipeline test: hundreds of distinct plans whose
+        # generated classes SPARK_CONF keeps cached, plus local checkpoints.
+        # Spark's default 1 GiB heap ran out late in the suite (OutOfMemoryError,
+        # then every later Spark test failed); the job itself runs with 4 GiB.
+        .config("spark.driver.memory", "3g")
         # Adaptive execution stays on, as in the job (Spark's default).
         .config("spark.sql.adaptive.enabled", "true")
     )
