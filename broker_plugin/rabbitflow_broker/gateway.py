@@ -101,8 +101,9 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         self._clock = clock
         self._monotonic = monotonic
         self._flows: dict[QueueKey, QueueFlow] = {}
-        # Queues whose machine is ON: while empty (and no administrator stop)
-        # no route is blocked and the per-publish checks end at once.
+        # Queues whose machine is ON, kept by _observe (the only caller of a
+        # machine's observe); every blocking decision reads it.  While empty
+        # (and no administrator stop) the per-publish checks end at once.
         self._stopped: set[QueueKey] = set()
         self._sources: dict[QueueKey, ThresholdsSource] = {}
         self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
@@ -375,10 +376,11 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
 
     def is_blocked(self, vhost: str, queue: str) -> bool:
         """True while publishes to the queue must not complete."""
-        if self.vhost_blocked(vhost) or self._queue_stopped(vhost, queue):
-            return True
-        machine = self._flows.get((vhost, queue))
-        return machine is not None and machine.stopped
+        return (
+            (vhost, queue) in self._stopped
+            or self.vhost_blocked(vhost)
+            or self._queue_stopped(vhost, queue)
+        )
 
     def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
         """A predicate for :class:`~rabbitflow_broker.confirms.ConfirmTracker`."""
@@ -403,10 +405,9 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         when nothing blocks.
         """
         found = [ALL_QUEUES] if self.vhost_blocked(vhost) else []
-        flows = self._flows
+        on = self._stopped
         for queue in sorted(route):
-            machine = flows.get((vhost, queue))
-            if (machine is not None and machine.stopped) or self._queue_stopped(vhost, queue):
+            if (vhost, queue) in on or self._queue_stopped(vhost, queue):
                 found.append(queue)
         return found
 
