@@ -187,13 +187,13 @@ def _count(text: Column) -> Column:
     return F.regexp_replace(text, ",", "").try_cast(T.LongType())
 
 
-def _filled(gate: Column, found: Mapping[str, tuple[Column, Column]]) -> dict[str, Column]:
+def _filled(found: Mapping[str, tuple[Column, Column]]) -> dict[str, Column]:
     """Each column of ``found`` as it is, or where it is null and ``applies``, ``value``.
 
-    ``found`` maps a column name to ``(value, applies)``; ``gate`` must hold
-    on every row where some column is null and its value applies (it is
-    the one test a row that needs nothing pays).  The values are built as
-    one struct, only where ``gate`` holds (elsewhere the struct holds the
+    ``found`` maps a column name to ``(value, applies)``.  One test per row
+    (some column is null and its value applies) is all a row that needs
+    nothing pays.  The values are built as one struct, only where that
+    test holds (elsewhere the struct holds the
     columns themselves), and each column reads its field of the struct
     first.  That position is evaluated for every row, so Spark's
     subexpression elimination evaluates the struct once per row in a
@@ -204,8 +204,11 @@ def _filled(gate: Column, found: Mapping[str, tuple[Column, Column]]) -> dict[st
     pushes each field access into the CASE and the values are inlined
     again.)
     """
+    needed = F.lit(False)
+    for name, (_, applies) in found.items():
+        needed = needed | (F.col(name).isNull() & applies)
     struct = F.when(
-        gate,
+        needed,
         F.struct(
             *(
                 F.when(F.col(name).isNull() & applies, value).alias(name)
@@ -280,32 +283,18 @@ def _completed(raw: DataFrame) -> DataFrame:
             _extract(subject, _SUBJECT_CHANNEL).try_cast(T.LongType()),
             code.startswith("CHN-"),
         ),
-        **{
-            name: (
-                _count(_extract(message, pattern)),
-                code == F.lit(_FIGURE_CODES[name]) if name in _FIGURE_CODES else queue_event,
-            )
-            for name, pattern in _MESSAGE_FIGURES.items()
-        },
+    }
+    figures: dict[str, tuple[Column, Column]] = {
+        name: (
+            _count(_extract(message, pattern)),
+            code == F.lit(_FIGURE_CODES[name]) if name in _FIGURE_CODES else queue_event,
+        )
+        for name, pattern in _MESSAGE_FIGURES.items()
     }
     # Two groups, each with one test per row (some field of the group that
     # this event has is null) and one generated method: the subject's fields
     # and the message's figures (in one method they pass the JIT's limit).
-    figures = {name: recovered.pop(name) for name in _MESSAGE_FIGURES}
-    return read.withColumns(
-        {
-            **_filled(_any_needed(recovered), recovered),
-            **_filled(_any_needed(figures), figures),
-        }
-    )
-
-
-def _any_needed(found: Mapping[str, tuple[Column, Column]]) -> Column:
-    """True where some column of ``found`` is null and its value applies (see :func:`_filled`)."""
-    needed = F.lit(False)
-    for name, (_, applies) in found.items():
-        needed = needed | (F.col(name).isNull() & applies)
-    return needed
+    return read.withColumns({**_filled(recovered), **_filled(figures)})
 
 
 def classify_events(raw: DataFrame) -> DataFrame:
