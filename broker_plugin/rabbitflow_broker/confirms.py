@@ -12,7 +12,6 @@ number the client is still waiting for.  Nacks are never held.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -115,17 +114,13 @@ class ConfirmTracker:
         unconfirmed numbers, so the covered ones are its oldest."""
         if self._held or tag == 0:
             return False
-        covered = 0
-        for seq, route in self._unconfirmed.items():
-            if seq > tag:
-                break
-            if route and is_blocked(route):
-                return False
-            covered += 1
-        if not covered:
-            return False
         unconfirmed, outstanding = self._unconfirmed, self._outstanding
-        for seq in list(itertools.islice(unconfirmed, covered)):
+        covered = self._covered(tag, True)
+        if not covered or any(
+            route and is_blocked(route) for route in map(unconfirmed.__getitem__, covered)
+        ):
+            return False
+        for seq in covered:
             del unconfirmed[seq]
             del outstanding[seq]
         return True
