@@ -428,14 +428,15 @@ class Channel:
         if not first:
             return
         conn = self.conn
-        self.flowed_at = conn.now
+        # The enforcement clock starts no earlier than CHN-1005's timestamp
+        # (stamped first): conn.now is when the chunk being parsed arrived,
+        # which can be milliseconds before this publish, and CHN-1012 must
+        # not be logged less than the timeout after CHN-1005.
+        ts = conn.hub.now()
+        self.flowed_at = max(conn.now, conn.hub.monotonic())
         self.ever_flowed = True
         conn.send_client(self.number, amqp.flow_frame(self.number, False))
-        conn.emit(
-            ChannelFlowEnforced(
-                ts=conn.hub.now(), channel=self.number, queue=blocker, **conn.identity()
-            )
-        )
+        conn.emit(ChannelFlowEnforced(ts=ts, channel=self.number, queue=blocker, **conn.identity()))
 
     def refresh(self, blocked: Callable[[Route], bool], vhost_blocked: bool) -> None:
         """Release what no longer needs holding; unflow the channel when freed."""
