@@ -64,6 +64,11 @@ __all__ = [
 
 _RUN_TIMEOUT_S = 600.0
 
+_PROBE = (
+    "import rabbitflow_broker as m; a = getattr(m, 'accel', None); "
+    "print(m.__path__[0] + (f' ({a.status()})' if a else ''))"
+)
+
 
 class BenchError(RuntimeError):
     """A workload failed (nack, lost confirm, connection closed, timeout)."""
@@ -121,9 +126,10 @@ class GatewayProcess:
         self.imported_from = self._imported_from()
 
     def _imported_from(self) -> str:
-        """The ``rabbitflow_broker`` package directory the subprocess will import."""
+        """The ``rabbitflow_broker`` package directory the subprocess will
+        import, and whether its engine is compiled (trees that have the choice)."""
         probe = subprocess.run(
-            [sys.executable, "-c", "import rabbitflow_broker as m; print(m.__path__[0])"],
+            [sys.executable, "-c", _PROBE],
             env=self._env,
             capture_output=True,
             text=True,

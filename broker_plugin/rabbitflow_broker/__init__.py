@@ -5,6 +5,8 @@ Run it with ``rabbitflow-broker`` or embed it with :class:`GatewayService`.
 
 from typing import TYPE_CHECKING, Any
 
+# First: it chooses the compiled engine or its pure-Python sources.
+from rabbitflow_broker import accel  # noqa: F401
 from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 
 if TYPE_CHECKING:

@@ -5,18 +5,14 @@ the driver to do (:class:`Actions`), and its byte buffers."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.events import Event
-from rabbitflow_broker.gateway import BlockedChannel
 
-if TYPE_CHECKING:
-    from rabbitflow_broker.engine import Engine
-
-__all__ = ["Actions", "EngineSettings", "EngineViews", "Hub", "Inbound", "Out", "content_unit"]
+__all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
 
 
 class Hub(Protocol):
@@ -144,44 +140,3 @@ def content_unit(buf: bytes | bytearray, end: int, number: int, max_frame: int) 
     ):
         return 0, 0
     return header_end, unit_end
-
-
-class EngineViews:
-    """The admin views of a connection, for a driver that holds an :class:`Engine`."""
-
-    engine: Engine
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-        e = self.engine
-        for channel in e.channels.values():
-            if channel.blockers:
-                yield BlockedChannel(
-                    connection=e.number,
-                    channel=channel.number,
-                    user=e.user,
-                    remote=f"{e.remote_host}:{e.remote_port}",
-                    vhost=e.vhost,
-                    blocked_on=tuple(channel.blockers),
-                )
-
-    def held_confirms(self) -> int:
-        """Confirms and commit-oks currently held from the client."""
-        return self.engine.held_confirms()
-
-    def channel_count(self) -> int:
-        """Open channels."""
-        return len(self.engine.channels)
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-        e = self.engine
-        for channel in e.channels.values():
-            yield {
-                "connection": e.number,
-                "channel": channel.number,
-                "user": e.user,
-                "remote": f"{e.remote_host}:{e.remote_port}",
-                "vhost": e.vhost,
-                **channel.describe(),
-            }

@@ -26,7 +26,7 @@ import structlog
 
 from rabbitflow_broker.engine import Actions, Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
-from rabbitflow_broker.engine_io import EngineViews
+from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]

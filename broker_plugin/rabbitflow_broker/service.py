@@ -30,6 +30,7 @@ import structlog
 import tenacity
 from aiohttp import web
 
+from rabbitflow_broker import accel
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.flow import Thresholds
@@ -217,7 +218,7 @@ class GatewayService:
         await self.measure_store()
         self.gateway.ready_error = None
         self.ready.set()
-        _log.info("gateway ready", queues=len(self.gateway.queue_keys()))
+        _log.info("gateway ready", queues=len(self.gateway.queue_keys()), engine=accel.status())
         self._tasks += [
             asyncio.create_task(self._routing_loop(), name="routing-refresh"),
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
