@@ -37,6 +37,10 @@ MODULES: Final = (
     "engine_io",
     "engine_pause",
     "engine_upstream",
+    "mirror",
+    "routing",
+    "routing_exchange",
+    "routing_match",
 )
 #: Set to 1 to run the pure-Python sources although a build is present.
 PURE_ENV: Final = "RABBITFLOW_PURE_PYTHON"

@@ -1,0 +1,123 @@
+"""The compiled engine and its pure-Python fallback (rabbitflow_broker.accel)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import rabbitflow_broker
+from rabbitflow_broker import accel
+
+PACKAGE = Path(rabbitflow_broker.__path__[0])
+ROOT = PACKAGE.parent.parent
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+PROBE = (
+    "import sys, rabbitflow_broker.accel as a, rabbitflow_broker.engine as e; "
+    "print(e.__file__); print(a.status()); "
+    "print(any(m in sys.modules for m in ('asyncio', 'socket')))"
+)
+
+
+def _probe(env: dict[str, str]) -> tuple[str, str, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split("\n")
+    return out[0], out[1], out[2]
+
+
+def _current_build() -> bool:
+    stamp = PACKAGE / accel.STAMP
+    built = all((PACKAGE / f"{name}{SUFFIX}").exists() for name in accel.MODULES)
+    return built and stamp.exists() and stamp.read_text().strip() == accel.digest()
+
+
+def test_status_names_the_modules_actually_imported() -> None:
+    from rabbitflow_broker import engine
+
+    if _current_build():
+        assert accel.status() == "compiled (mypyc)"
+        assert str(engine.__file__).endswith(SUFFIX)
+    else:
+        assert accel.status().startswith("pure Python")
+        assert str(engine.__file__).endswith(".py")
+
+
+def test_pure_env_imports_the_sources_and_no_event_loop() -> None:
+    path, status, loop_imported = _probe({accel.PURE_ENV: "1"})
+    assert path == str(PACKAGE / "engine.py")
+    assert status == (
+        f"pure Python ({accel.PURE_ENV} is set)" if _current_build() else "pure Python (not built)"
+    )
+    assert loop_imported == "False"
+
+
+def _package_copy(tmp_path: Path, stamp: str) -> dict[str, str]:
+    """The package's sources in tmp_path with an unloadable 'extension' for
+    every compiled module: importing one of them would fail."""
+    copy = tmp_path / "rabbitflow_broker"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns(f"*{SUFFIX}", "__pycache__"))
+    for name in [*accel.MODULES, "_accel__mypyc"]:
+        (copy / f"{name}{SUFFIX}").write_bytes(b"not an extension module")
+    (copy / accel.STAMP).write_text(stamp + "\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_a_build_older_than_the_sources_is_never_imported(tmp_path: Path) -> None:
+    env = _package_copy(tmp_path, "0" * 64)
+    path, status, _ = _probe(env)
+    assert path == str(tmp_path / "rabbitflow_broker" / "engine.py")
+    assert status == "pure Python (the build is older than the sources: run scripts/bootstrap)"
+
+
+def test_a_current_build_is_imported_unless_the_pure_env_is_set(tmp_path: Path) -> None:
+    env = _package_copy(tmp_path, accel.digest(PACKAGE))
+    # The stamp matches: Python loads the (here unloadable) extension.
+    failed = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert failed.returncode != 0
+    assert "ImportError" in failed.stderr
+    path, status, _ = _probe({**env, accel.PURE_ENV: "1"})
+    assert path == str(tmp_path / "rabbitflow_broker" / "engine.py")
+    assert status == f"pure Python ({accel.PURE_ENV} is set)"
+
+
+@pytest.mark.skipif(not _current_build(), reason="the engine is not compiled: this run is pure")
+def test_the_engine_suite_passes_on_the_pure_python_sources() -> None:
+    """The same unit tests, run on the sources while the compiled build is present."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/broker",
+            "--ignore=tests/broker/test_accel.py",
+        ],
+        cwd=ROOT,
+        env={**os.environ, accel.PURE_ENV: "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout.splitlines()[-1]
