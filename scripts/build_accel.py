@@ -63,7 +63,15 @@ def build() -> None:
         setup(
             name="rabbitflow-accel",
             ext_modules=extensions,
-            script_args=["-q", "build_ext", "--inplace", "--build-temp", os.path.join(tmp, "o")],
+            script_args=[
+                "-q",
+                "build_ext",
+                "--inplace",
+                "--build-temp",
+                os.path.join(tmp, "o"),
+                "--build-lib",
+                os.path.join(tmp, "lib"),
+            ],
         )
     if accel.digest(PACKAGE) != want:
         clean()

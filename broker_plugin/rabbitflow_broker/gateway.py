@@ -3,11 +3,13 @@
 :class:`Gateway` owns the routing table, the depth of every queue, the
 per-queue threshold machines, the runtime thresholds and the event sink.
 Connections (one engine and driver per client connection) report what they
-relay; the gateway updates depth, runs the machines, emits events and, when
-something stops blocking, tells every connection so
-(:meth:`Connection.refresh`): the connection's driver only schedules a
-re-check of its held confirms and flowed channels, it never runs one while
-the gateway is in the middle of a change.
+relay; the gateway updates depth, runs the machines and emits events.  It
+never calls into a connection: what changed in blocking (queues that went
+ON or OFF, vhosts whose producers may be freed) accumulates as
+:class:`Changes`, :attr:`Gateway.on_change` tells the driver that some are
+pending, and the driver takes them (:meth:`Gateway.take_changes`) and
+re-checks the concerned connections' held confirms and flowed channels
+later, outside any change and outside any engine call.
 
 Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
 blocked while its flow is ON, while an administrator stopped its producers
@@ -24,6 +26,7 @@ import datetime as dt
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rabbitflow_broker import mirror
@@ -48,19 +51,30 @@ from rabbitflow_broker.gateway_views import AdminViewsMixin, BlockedChannel, Que
 from rabbitflow_broker.routing import RoutingError, RoutingTable
 from rabbitflow_broker.store import StoreQuota, StoreState
 
-__all__ = ["BlockedChannel", "Connection", "Gateway", "QueueSnapshot"]
+__all__ = ["BlockedChannel", "Changes", "Connection", "Gateway", "QueueSnapshot"]
 
 Route = frozenset[str]
 
 
+@dataclass(slots=True)
+class Changes:
+    """What changed in blocking since the driver last took the changes."""
+
+    #: Vhosts whose connections must re-check what they hold (None: every vhost).
+    vhosts: set[str | None] = field(default_factory=set)
+    #: Queues whose flow went ON, and OFF (a queue may be in both).
+    went_on: set[QueueKey] = field(default_factory=set)
+    went_off: set[QueueKey] = field(default_factory=set)
+
+    def concerns(self, vhost: str) -> bool:
+        """Whether a connection to ``vhost`` must re-check."""
+        return vhost in self.vhosts or None in self.vhosts
+
+
 class Connection(Protocol):
-    """What the gateway needs from a relay."""
+    """What the gateway's admin views read from a relay (it never calls into one)."""
 
     number: int
-
-    def refresh(self) -> None:
-        """Blocking changed: schedule a re-check of held confirms/commits and
-        flowed channels (never re-enter the connection's engine from here)."""
 
     def held_confirms(self) -> int:
         """Confirms (and commit-oks) currently held from the client."""
@@ -127,6 +141,10 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         self.routing_version = 0
         #: While set, new client connections are refused with 320 and this text.
         self.ready_error: str | None = None
+        #: Called when changes become pending (set by the driver, which then
+        #: calls :meth:`take_changes` soon); None: nobody takes them.
+        self.on_change: Callable[[], None] | None = None
+        self._changes: Changes | None = None
 
     # -- connections ---------------------------------------------------------
 
@@ -276,7 +294,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         self._sources.pop(key, None)
         self._stopped.discard(key)
         if machine is not None and machine.stopped:
-            self.wake()
+            self.wake(vhost)
 
     def set_runtime_thresholds(
         self, vhost: str, name: str, changes: Mapping[str, object]
@@ -315,9 +333,9 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
             "stop_size": current.stop_size,
             "resume_size": current.resume_size,
         }
-        for key_name, field in names.items():
+        for key_name, attribute in names.items():
             if key_name in changes:
-                values[field] = changes[key_name]  # type: ignore[assignment]
+                values[attribute] = changes[key_name]  # type: ignore[assignment]
         stop_pct, resume_pct = self._pct()
         for stop_field, resume_field, resume_key in (
             ("stop_count", "resume_count", "flowResumeCount"),
@@ -423,7 +441,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
             self._forced_vhosts.add(vhost)
         else:
             self._forced_vhosts.discard(vhost)
-        self.wake()
+        self.wake(vhost)
 
     # -- administrator stops -----------------------------------------------
 
@@ -436,7 +454,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         CHN-1005 names the queue).  Stopping twice is the same as once.
         """
         self._admin_stops[(vhost, queue)] = None
-        self.wake()
+        self.wake(vhost)
 
     def start_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
         """Lift the administrator stop with exactly these arguments (others stay).
@@ -444,16 +462,33 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         Starting what was not stopped does nothing.
         """
         if self._admin_stops.pop((vhost, queue), 0) is None:
-            self.wake()
+            self.wake(vhost)
 
     def admin_stops(self) -> list[dict[str, str | None]]:
         """Current administrator stops, oldest first."""
         return [{"vhost": vhost, "queue": queue} for vhost, queue in self._admin_stops]
 
-    def wake(self) -> None:
-        """Ask every relay to re-check what it holds."""
-        for connection in list(self._connections.values()):
-            connection.refresh()
+    def wake(self, vhost: str | None) -> None:
+        """Blocking changed in ``vhost`` (None: every vhost): connections
+        there must re-check what they hold and which channels they flow."""
+        changes = self._pending()
+        if changes is not None:
+            changes.vhosts.add(vhost)
+
+    def _pending(self) -> Changes | None:
+        """The changes to add to (None while no driver takes them)."""
+        if self.on_change is None:
+            return None
+        changes = self._changes
+        if changes is None:
+            changes = self._changes = Changes()
+            self.on_change()
+        return changes
+
+    def take_changes(self) -> Changes | None:
+        """What changed since the last call (None: nothing)."""
+        changes, self._changes = self._changes, None
+        return changes
 
     # -- depth ---------------------------------------------------------------
 
@@ -478,8 +513,13 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
             depth.lo_messages = depth.lo_bytes = -1  # removals keep it OFF
         if event is not None:
             self._sink(event)
-            if was_stopped and not machine.stopped:
-                self.wake()
+            changes = self._pending()
+            if changes is not None:
+                if machine.stopped:
+                    changes.went_on.add(key)
+                elif was_stopped:
+                    changes.went_off.add(key)
+                    changes.vhosts.add(key[0])
 
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""

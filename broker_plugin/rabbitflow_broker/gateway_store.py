@@ -41,7 +41,7 @@ class StoreQuotaMixin:
 
     if TYPE_CHECKING:
 
-        def wake(self) -> None: ...
+        def wake(self, vhost: str | None) -> None: ...
 
     # -- store quota ---------------------------------------------------------
 
@@ -116,7 +116,7 @@ class StoreQuotaMixin:
         if event is not None:
             self._sink(event)
         if machine.overfull != was_overfull:
-            self.wake()
+            self.wake(vhost)
 
     def store_snapshots(self) -> list[StoreSnapshot]:
         """Every vhost's store quota, by vhost name."""

@@ -29,7 +29,7 @@ from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
 
-__all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
+__all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Refresher", "Relay"]
 
 #: Opens the upstream connection: called with the address and a protocol
 #: factory, returns the transport (``loop.create_connection`` by default).
@@ -71,12 +71,13 @@ class Relay(EngineViews, asyncio.Protocol):
             handshake_timeout=handshake / 1000 if handshake else None,
         )
         self.engine = Engine(gateway, number=self.number, settings=settings)
+        if gateway.on_change is None:
+            gateway.on_change = Refresher(gateway)
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None  # what _timer is set for
-        self._refresh_scheduled = False
         self._closing = False
         self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -206,13 +207,8 @@ class Relay(EngineViews, asyncio.Protocol):
             self._perform(self.engine.tick(self._now()))
 
     def refresh(self) -> None:
-        """The gateway's blocking state changed: re-check soon, not from inside the change."""
-        if not self._refresh_scheduled and not self._closing:
-            self._refresh_scheduled = True
-            asyncio.get_running_loop().call_soon(self._refresh)
-
-    def _refresh(self) -> None:
-        self._refresh_scheduled = False
+        """Blocking changed for this connection: re-check its held confirms
+        and flowed channels (called by :class:`Refresher`, outside any change)."""
         if not self._closing:
             self._perform(self.engine.refresh(self._now()))
 
@@ -291,6 +287,36 @@ class Relay(EngineViews, asyncio.Protocol):
         """Return once both sockets are closed and the relay is unregistered."""
         if self._closed is not None:
             await asyncio.shield(self._closed)
+
+
+class Refresher:
+    """Carries out the gateway's changes: when some are pending, takes them on
+    the next turn of the event loop (never inside the change, nor inside an
+    engine call) and refreshes the relays they concern."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._scheduled = False
+
+    def __call__(self) -> None:
+        if self._scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a change made outside the event loop: no engine runs now
+            self._run()
+            return
+        self._scheduled = True
+        loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        changes = self._gateway.take_changes()
+        if changes is None:
+            return
+        for connection in self._gateway.connections:
+            if isinstance(connection, Relay) and changes.concerns(connection.engine.vhost):
+                connection.refresh()
 
 
 class _Upstream(asyncio.Protocol):

@@ -36,9 +36,6 @@ class FakeConnection:
         self._blocked = list(blocked)
         self._held = held
 
-    def refresh(self) -> None:
-        pass
-
     def held_confirms(self) -> int:
         return self._held
 

@@ -20,10 +20,6 @@ STOP_10 = {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
 class FakeConnection:
     def __init__(self, number: int) -> None:
         self.number = number
-        self.refreshes = 0
-
-    def refresh(self) -> None:
-        self.refreshes += 1
 
     def blocked_channels(self) -> Iterable[BlockedChannel]:
         return []
@@ -60,17 +56,49 @@ def test_publishes_over_stop_emit_one_overfull() -> None:
     assert gateway.is_blocked("/", "q")
 
 
-def test_removals_below_resume_emit_underfull_and_wake_connections() -> None:
+def test_removals_below_resume_emit_underfull_and_report_the_change() -> None:
     gateway, events = _gateway()
-    connection = FakeConnection(1)
-    gateway.register(connection)
+    pending: list[None] = []
+    gateway.on_change = lambda: pending.append(None)
     gateway.queue_declared("/", "q", STOP_10)
     for _ in range(11):
         gateway.published("/", frozenset({"q"}), 1)
+    went_on = gateway.take_changes()
+    assert went_on is not None
+    assert (went_on.went_on, went_on.went_off, went_on.vhosts) == ({("/", "q")}, set(), set())
     gateway.removed("/", "q", 7, 7)
     assert isinstance(events[-1], QueueUnderfull)
-    assert connection.refreshes == 1
     assert not gateway.is_blocked("/", "q")
+    went_off = gateway.take_changes()
+    assert went_off is not None
+    assert (went_off.went_off, went_off.vhosts) == ({("/", "q")}, {"/"})
+    assert went_off.concerns("/")
+    assert not went_off.concerns("other")
+    assert len(pending) == 2  # once per batch of changes, not per change
+    assert gateway.take_changes() is None
+
+
+def test_admin_stops_report_their_vhost_or_every_vhost() -> None:
+    gateway, _ = _gateway()
+    gateway.on_change = lambda: None
+    gateway.stop_producers(vhost="billing")
+    gateway.start_producers(vhost="billing")
+    changes = gateway.take_changes()
+    assert changes is not None
+    assert changes.vhosts == {"billing"}
+    gateway.stop_producers(queue="q")
+    changes = gateway.take_changes()
+    assert changes is not None
+    assert changes.concerns("any vhost")
+
+
+def test_without_a_driver_no_changes_pile_up() -> None:
+    gateway, _ = _gateway()
+    gateway.queue_declared("/", "q", STOP_10)
+    for _ in range(11):
+        gateway.published("/", frozenset({"q"}), 1)
+    gateway.removed("/", "q", 11, 11)
+    assert gateway.take_changes() is None
 
 
 def test_blockers_name_every_stopped_queue_of_the_route_in_order() -> None:

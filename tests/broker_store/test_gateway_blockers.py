@@ -18,11 +18,7 @@ class FakeConnection:
     number = 1
 
     def __init__(self, held: int = 0) -> None:
-        self.refreshes = 0
         self.held = held
-
-    def refresh(self) -> None:
-        self.refreshes += 1
 
     def held_confirms(self) -> int:
         return self.held
@@ -86,21 +82,26 @@ def test_start_lifts_only_the_matching_stop() -> None:
     assert not gateway.blocker_active("/", ALL_QUEUES)
 
 
-def test_stop_and_start_wake_the_relays() -> None:
+def test_stop_and_start_report_a_change_for_every_vhost() -> None:
     gateway, _ = _gateway()
-    connection = FakeConnection()
-    gateway.register(connection)
+    gateway.on_change = lambda: None
     gateway.stop_producers()
+    stopped = gateway.take_changes()
+    assert stopped is not None
+    assert stopped.concerns("/")
     gateway.start_producers()
-    assert connection.refreshes == 2
+    started = gateway.take_changes()
+    assert started is not None
+    assert started.concerns("any")
 
 
-def test_starting_what_was_not_stopped_wakes_nobody() -> None:
+def test_starting_what_was_not_stopped_changes_nothing() -> None:
     gateway, _ = _gateway()
-    connection = FakeConnection()
-    gateway.register(connection)
+    calls: list[None] = []
+    gateway.on_change = lambda: calls.append(None)
     gateway.start_producers(vhost="/")
-    assert connection.refreshes == 0
+    assert gateway.take_changes() is None
+    assert calls == []
 
 
 def test_store_overfull_blocks_the_vhost_and_logs_mst_1008() -> None:
