@@ -92,13 +92,14 @@ class ConfirmTracker:
                 ready.append(seq)
         return self._emit(ready, ack=True), held
 
-    def ack_one(self, tag: int, is_blocked: IsBlocked) -> bool:
+    def ack_one(self, tag: int, is_blocked: IsBlocked | None) -> bool:
         """Fast path of :meth:`upstream_ack` for a single ack: when ``tag`` is
         the oldest number the client waits for and its route is free, record
         it and return True (the ack goes to the client as it came); else
-        change nothing and return False."""
+        change nothing and return False.  ``is_blocked`` None: nothing is
+        blocked anywhere."""
         route = self._unconfirmed.get(tag)
-        if route is None or (route and is_blocked(route)):
+        if route is None or (route and is_blocked is not None and is_blocked(route)):
             return False
         if next(iter(self._outstanding)) != tag:
             return False
@@ -106,7 +107,7 @@ class ConfirmTracker:
         del self._outstanding[tag]
         return True
 
-    def ack_upto(self, tag: int, is_blocked: IsBlocked) -> bool:
+    def ack_upto(self, tag: int, is_blocked: IsBlocked | None) -> bool:
         """Fast path of :meth:`upstream_ack` for a multiple ack: when nothing
         is held and every route it covers is free, record it and return True
         (the ack goes to the client as it came); else change nothing and
@@ -116,8 +117,9 @@ class ConfirmTracker:
             return False
         unconfirmed, outstanding = self._unconfirmed, self._outstanding
         covered = self._covered(tag, True)
-        if not covered or any(
-            route and is_blocked(route) for route in map(unconfirmed.__getitem__, covered)
+        if not covered or (
+            is_blocked is not None
+            and any(route and is_blocked(route) for route in map(unconfirmed.__getitem__, covered))
         ):
             return False
         for seq in covered:

@@ -168,7 +168,7 @@ class Channel:
             hub.published(vhost, route, size)
         if self.confirm is not None:
             self.confirm.published(route)
-        if (route and conn.route_blocked(route)) or hub.vhost_blocked(vhost):
+        if not hub.calm and ((route and conn.route_blocked(route)) or hub.vhost_blocked(vhost)):
             self.block_on(route)
 
     def _declare(self, method: int, payload: bytes) -> bool:
@@ -362,10 +362,9 @@ class Channel:
             return True
         tag, multiple, _requeue = _ack_fields(method, payload)
         hub, vhost = self.conn.hub, self.conn.vhost
+        blocked = None if hub.calm else self.conn.route_blocked
         if method == amqp.BASIC_ACK and (
-            tracker.ack_upto(tag, self.conn.route_blocked)
-            if multiple
-            else tracker.ack_one(tag, self.conn.route_blocked)
+            tracker.ack_upto(tag, blocked) if multiple else tracker.ack_one(tag, blocked)
         ):
             return True
         if method == amqp.BASIC_ACK:

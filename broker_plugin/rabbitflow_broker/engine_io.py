@@ -18,6 +18,10 @@ __all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
 class Hub(Protocol):
     """The shared gateway state one connection may use (narrow on purpose)."""
 
+    #: True while nothing blocks any producer (no queue ON, no administrator
+    #: stop, no vhost-wide block): the per-message blocking checks are skipped.
+    calm: bool
+
     def published(self, vhost: str, route: Route, size: int) -> None: ...
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None: ...
     def persistent_published(self, vhost: str, size: int) -> None: ...

@@ -145,6 +145,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         #: calls :meth:`take_changes` soon); None: nobody takes them.
         self.on_change: Callable[[], None] | None = None
         self._changes: Changes | None = None
+        #: True while nothing blocks any producer (see :meth:`_update_calm`).
+        self.calm = True
 
     # -- connections ---------------------------------------------------------
 
@@ -471,9 +473,20 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
     def wake(self, vhost: str | None) -> None:
         """Blocking changed in ``vhost`` (None: every vhost): connections
         there must re-check what they hold and which channels they flow."""
+        self._update_calm()
         changes = self._pending()
         if changes is not None:
             changes.vhosts.add(vhost)
+
+    def _update_calm(self) -> None:
+        """Renew :attr:`calm` after any change to what blocks producers (every
+        such change passes here: through :meth:`wake` or :meth:`_observe`)."""
+        self.calm = not (
+            self._stopped
+            or self._admin_stops
+            or self._forced_vhosts
+            or any(store.state is StoreState.OVERFULL for store in self._stores.values())
+        )
 
     def _pending(self) -> Changes | None:
         """The changes to add to (None while no driver takes them)."""
@@ -503,11 +516,14 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         t = machine.thresholds
         if machine.stopped:
             self._stopped.add(key)
+            self.calm = False
             depth.hi_messages = depth.hi_bytes = _INF  # publishes keep it ON
             depth.lo_messages = t.resume_count if t.stop_count else _INF
             depth.lo_bytes = t.resume_size if t.stop_size else _INF
         else:
-            self._stopped.discard(key)
+            if key in self._stopped:
+                self._stopped.discard(key)
+                self._update_calm()
             depth.hi_messages = t.stop_count or _INF
             depth.hi_bytes = t.stop_size or _INF
             depth.lo_messages = depth.lo_bytes = -1  # removals keep it OFF

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rabbitflow_broker.config import GatewayConfig
@@ -213,3 +213,35 @@ def test_persistent_bytes_are_ignored_with_the_quota_off() -> None:
     gateway.persistent_published("/", 10**9)
     assert gateway.store_snapshots() == []
     assert events == []
+
+
+def test_calm_holds_exactly_while_nothing_blocks_any_producer() -> None:
+    gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
+    gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 2, "qpid.flow_resume_count": 1})
+    assert gateway.calm
+
+    def fill() -> None:
+        for _ in range(3):
+            gateway.published("/", Q, 1)
+
+    steps: list[tuple[Callable[[], None], Callable[[], None]]] = [
+        (gateway.stop_producers, gateway.start_producers),
+        (lambda: gateway.stop_producers(vhost="a"), lambda: gateway.start_producers(vhost="a")),
+        (lambda: gateway.stop_producers(queue="q"), lambda: gateway.start_producers(queue="q")),
+        (
+            lambda: gateway.set_vhost_blocked("v", blocked=True),
+            lambda: gateway.set_vhost_blocked("v", blocked=False),
+        ),
+        (
+            lambda: gateway.observe_store("/", 1500, "management"),
+            lambda: gateway.observe_store("/", 100, "management"),
+        ),
+        (fill, lambda: gateway.removed("/", "q", 3, 3)),
+    ]
+    for block, unblock in steps:
+        block()
+        assert not gateway.calm
+        assert gateway.blockers("/", Q) or gateway.blockers("a", Q) or gateway.blockers("v", Q)
+        unblock()
+        assert gateway.calm
+        assert not any(gateway.blockers(vhost, Q) for vhost in ("/", "a", "v"))
