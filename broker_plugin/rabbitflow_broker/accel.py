@@ -1,7 +1,8 @@
 """The compiled connection engine, and the pure-Python fallback.
 
-The modules of the connection engine's hot path (:data:`MODULES`) are plain,
-fully typed Python.  ``scripts/bootstrap`` compiles them with mypyc
+The modules of the gateway's hot path (:data:`MODULES`: the connection
+engine, the gateway hub and the routing mirror) are plain, fully typed
+Python.  ``scripts/bootstrap`` compiles them with mypyc
 (``scripts/build_accel.py``) into extension modules beside their sources;
 Python then imports the compiled ones.  The sources stay the reference: the
 same tests pass on both, and the gateway runs on the sources when
@@ -37,6 +38,9 @@ MODULES: Final = (
     "engine_io",
     "engine_pause",
     "engine_upstream",
+    "gateway",
+    "gateway_store",
+    "gateway_views",
     "mirror",
     "routing",
     "routing_exchange",

@@ -518,15 +518,15 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
             self._stopped.add(key)
             self.calm = False
             depth.hi_messages = depth.hi_bytes = _INF  # publishes keep it ON
-            depth.lo_messages = t.resume_count if t.stop_count else _INF
-            depth.lo_bytes = t.resume_size if t.stop_size else _INF
+            depth.lo_messages = float(t.resume_count) if t.stop_count else _INF
+            depth.lo_bytes = float(t.resume_size) if t.stop_size else _INF
         else:
             if key in self._stopped:
                 self._stopped.discard(key)
                 self._update_calm()
-            depth.hi_messages = t.stop_count or _INF
-            depth.hi_bytes = t.stop_size or _INF
-            depth.lo_messages = depth.lo_bytes = -1  # removals keep it OFF
+            depth.hi_messages = float(t.stop_count or _INF)
+            depth.hi_bytes = float(t.stop_size or _INF)
+            depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
         if event is not None:
             self._sink(event)
             changes = self._pending()

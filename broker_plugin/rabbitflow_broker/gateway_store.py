@@ -13,7 +13,8 @@ from __future__ import annotations
 import datetime as dt
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+from mypy_extensions import trait
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import Event
@@ -26,6 +27,7 @@ __all__ = ["StoreQuotaMixin"]
 _STATS_INTERVAL_S = 5.0
 
 
+@trait
 class StoreQuotaMixin:
     """The store quota methods of :class:`~rabbitflow_broker.gateway.Gateway`."""
 
@@ -39,9 +41,9 @@ class StoreQuotaMixin:
     _store_recent: dict[str, deque[tuple[float, int]]]
     _store_recent_sum: dict[str, int]
 
-    if TYPE_CHECKING:
-
-        def wake(self, vhost: str | None) -> None: ...
+    def wake(self, vhost: str | None) -> None:
+        """Gateway's (a trait: compiled, Gateway mixes it in)."""
+        raise NotImplementedError
 
     # -- store quota ---------------------------------------------------------
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import trait
+
 from rabbitflow_broker.depth import DepthTracker, QueueKey
 from rabbitflow_broker.events import ALL_QUEUES
 from rabbitflow_broker.flow import QueueFlow, Thresholds, ThresholdsSource
@@ -77,6 +79,7 @@ class QueueSnapshot:
         }
 
 
+@trait
 class AdminViewsMixin:
     """The snapshot builders of :class:`~rabbitflow_broker.gateway.Gateway`."""
 
@@ -87,9 +90,9 @@ class AdminViewsMixin:
     _queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]]
     _sources: dict[QueueKey, ThresholdsSource]
 
-    if TYPE_CHECKING:
-
-        def flow(self, key: QueueKey) -> QueueFlow: ...
+    def flow(self, key: QueueKey) -> QueueFlow:
+        """Gateway's (a trait: compiled, Gateway mixes it in)."""
+        raise NotImplementedError
 
     # -- snapshots -----------------------------------------------------------
 

@@ -104,7 +104,8 @@ def test_a_current_build_is_imported_unless_the_pure_env_is_set(tmp_path: Path) 
 
 @pytest.mark.skipif(not _current_build(), reason="the engine is not compiled: this run is pure")
 def test_the_engine_suite_passes_on_the_pure_python_sources() -> None:
-    """The same unit tests, run on the sources while the compiled build is present."""
+    """The engine's and the hub's unit tests, run on the sources while the
+    compiled build is present."""
     run = subprocess.run(
         [
             sys.executable,
@@ -114,6 +115,7 @@ def test_the_engine_suite_passes_on_the_pure_python_sources() -> None:
             "-p",
             "no:cacheprovider",
             "tests/broker",
+            "tests/broker_store",
             "--ignore=tests/broker/test_accel.py",
         ],
         cwd=ROOT,
