@@ -12,11 +12,7 @@ from typing import Any, Protocol
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.events import Event
 
-__all__ = ["Actions", "Chunk", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
-
-#: Bytes for a socket: a frame of the gateway's own, or a run of a read
-#: (a view into it, which a transport's write accepts as it is).
-Chunk = bytes | memoryview
+__all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
 
 
 class Hub(Protocol):
@@ -57,8 +53,8 @@ class EngineSettings:
 class Actions:
     """What the driver must do after a call into the engine, in this order."""
 
-    to_upstream: list[Chunk] = field(default_factory=list)
-    to_client: list[Chunk] = field(default_factory=list)
+    to_upstream: list[bytes] = field(default_factory=list)
+    to_client: list[bytes] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     read_client: bool = True
     timer: float | None = None  # monotonic time to call tick() at
@@ -85,12 +81,12 @@ class Out:
 
     __slots__ = ("buf", "end", "parts", "start")
 
-    def __init__(self, parts: list[Chunk]) -> None:
+    def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
         self.buf: bytes | bytearray | None = None
         self.start = self.end = 0
 
-    def collect(self, parts: list[Chunk]) -> None:
+    def collect(self, parts: list[bytes]) -> None:
         """Collect into ``parts`` from now on (a new call into the engine)."""
         self.parts = parts
         self.buf = None
@@ -105,10 +101,10 @@ class Out:
     def flush(self) -> None:
         buf = self.buf
         if buf is not None:
-            if isinstance(buf, bytes):  # immutable: a view of it needs no copy
+            if isinstance(buf, bytes):
                 whole = self.start == 0 and self.end == len(buf)
-                self.parts.append(buf if whole else memoryview(buf)[self.start : self.end])
-            else:  # a buffer that will change: copied
+                self.parts.append(buf if whole else buf[self.start : self.end])
+            else:
                 self.parts.append(bytes(memoryview(buf)[self.start : self.end]))
             self.buf = None
 

@@ -181,16 +181,10 @@ class Relay(EngineViews, asyncio.Protocol):
         upstream, client = self._upstream, self._client
         if actions.to_upstream and upstream is not None and not upstream.is_closing():
             parts = actions.to_upstream
-            if len(parts) == 1:
-                upstream.write(parts[0])
-            else:
-                upstream.writelines(parts)
+            upstream.write(parts[0] if len(parts) == 1 else b"".join(parts))
         if actions.to_client and client is not None and not client.is_closing():
             parts = actions.to_client
-            if len(parts) == 1:
-                client.write(parts[0])
-            else:
-                client.writelines(parts)
+            client.write(parts[0] if len(parts) == 1 else b"".join(parts))
         for event in actions.events:
             self.gateway.emit(event)
         if actions.close:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
@@ -22,12 +22,8 @@ class FakeWriter:
         self.data = bytearray()
         self.closed = False
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes) -> None:
         self.data += data
-
-    def writelines(self, parts: Iterable[bytes | memoryview]) -> None:
-        for part in parts:
-            self.data += part
 
     async def drain(self) -> None:
         return None
