@@ -9,8 +9,8 @@ closing.  All AMQP decisions are the engine's.
 
 TCP back-pressure passes through: while one side's transport buffers more
 than :data:`WRITE_HIGH_WATER` bytes, the other side is not read.  When the
-gateway's blocking state changes it calls :meth:`Relay.refresh`, which only
-schedules the engine's re-check on the event loop.
+gateway's blocking state changes, :class:`~rabbitflow_broker.refresher.Refresher`
+calls :meth:`Relay.refresh` on a later turn of the event loop.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from rabbitflow_broker.engine import Actions, Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.refresher import Refresher
 
-__all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Refresher", "Relay"]
+__all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
 #: Opens the upstream connection: called with the address and a protocol
 #: factory, returns the transport (``loop.create_connection`` by default).
@@ -206,6 +207,11 @@ class Relay(EngineViews, asyncio.Protocol):
         if not self._closing:
             self._perform(self.engine.tick(self._now()))
 
+    @property
+    def vhost(self) -> str:
+        """The vhost the client opened (``/`` until then)."""
+        return self.engine.vhost
+
     def refresh(self) -> None:
         """Blocking changed for this connection: re-check its held confirms
         and flowed channels (called by :class:`Refresher`, outside any change)."""
@@ -287,36 +293,6 @@ class Relay(EngineViews, asyncio.Protocol):
         """Return once both sockets are closed and the relay is unregistered."""
         if self._closed is not None:
             await asyncio.shield(self._closed)
-
-
-class Refresher:
-    """Carries out the gateway's changes: when some are pending, takes them on
-    the next turn of the event loop (never inside the change, nor inside an
-    engine call) and refreshes the relays they concern."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-        self._scheduled = False
-
-    def __call__(self) -> None:
-        if self._scheduled:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # a change made outside the event loop: no engine runs now
-            self._run()
-            return
-        self._scheduled = True
-        loop.call_soon(self._run)
-
-    def _run(self) -> None:
-        self._scheduled = False
-        changes = self._gateway.take_changes()
-        if changes is None:
-            return
-        for connection in self._gateway.connections:
-            if isinstance(connection, Relay) and changes.concerns(connection.engine.vhost):
-                connection.refresh()
 
 
 class _Upstream(asyncio.Protocol):

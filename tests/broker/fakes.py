@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
 from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.gateway import BlockedChannel
 
 if TYPE_CHECKING:
     from rabbitflow_broker.gateway import Gateway
@@ -135,3 +136,24 @@ def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTranspo
     relay = Relay(gateway, connector=connect)
     client.attach(relay)
     return relay, client, upstream
+
+
+class IdleConnection:
+    """A connection as the gateway's admin views see it: no channels, nothing
+    flowed, ``held`` confirms held."""
+
+    def __init__(self, number: int = 1, held: int = 0) -> None:
+        self.number = number
+        self.held = held
+
+    def held_confirms(self) -> int:
+        return self.held
+
+    def blocked_channels(self) -> Iterable[BlockedChannel]:
+        return []
+
+    def channel_count(self) -> int:
+        return 0
+
+    def describe_channels(self) -> Iterable[dict[str, Any]]:
+        return []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -11,24 +10,10 @@ import pytest
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ALL_QUEUES, Event, QueueOverfull, QueueUnderfull
 from rabbitflow_broker.flow import ARGUMENT_NAMES, ThresholdError, Thresholds
-from rabbitflow_broker.gateway import BlockedChannel, Gateway
+from rabbitflow_broker.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 STOP_10 = {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
-
-
-class FakeConnection:
-    def __init__(self, number: int) -> None:
-        self.number = number
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        return []
-
-    def channel_count(self) -> int:
-        return 0
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        return []
 
 
 class Clock:

@@ -3,34 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ALL_QUEUES, Event, StoreOverfull, StoreUnderfull
-from rabbitflow_broker.gateway import BlockedChannel, Gateway
+from rabbitflow_broker.gateway import Gateway
+from tests.broker.fakes import IdleConnection
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 Q = frozenset({"q"})
-
-
-class FakeConnection:
-    number = 1
-
-    def __init__(self, held: int = 0) -> None:
-        self.held = held
-
-    def held_confirms(self) -> int:
-        return self.held
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        return []
-
-    def channel_count(self) -> int:
-        return 0
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        return []
 
 
 def _gateway(**options: Any) -> tuple[Gateway, list[Event]]:
@@ -148,8 +130,7 @@ def test_store_snapshots_list_measured_vhosts() -> None:
 
 def test_held_confirms_sums_the_connections() -> None:
     gateway, _ = _gateway()
-    first, second = FakeConnection(3), FakeConnection(4)
-    second.number = 2
+    first, second = IdleConnection(1, held=3), IdleConnection(2, held=4)
     gateway.register(first)
     gateway.register(second)
     assert gateway.held_confirms() == 7
