@@ -41,6 +41,7 @@ __all__ = [
     "ThresholdError",
     "Thresholds",
     "ThresholdsSource",
+    "check_value",
     "default_thresholds",
     "derived_resume",
     "is_stream",
@@ -67,7 +68,12 @@ class ThresholdError(ValueError):
         self.reason = reason
 
 
-def _check_value(name: str, value: object) -> int:
+def check_value(name: str, value: object) -> int:
+    """``value`` as a threshold named ``name``.
+
+    Raises:
+        ThresholdError: not a non-negative integer.
+    """
     # bool is an int subclass; True as a threshold is a client bug, not 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ThresholdError(name, f"must be a non-negative integer, got {value!r}")
@@ -91,10 +97,10 @@ class Thresholds:
     resume_size: int = 0
 
     def __post_init__(self) -> None:
-        _check_value(STOP_COUNT, self.stop_count)
-        _check_value(RESUME_COUNT, self.resume_count)
-        _check_value(STOP_SIZE, self.stop_size)
-        _check_value(RESUME_SIZE, self.resume_size)
+        check_value(STOP_COUNT, self.stop_count)
+        check_value(RESUME_COUNT, self.resume_count)
+        check_value(STOP_SIZE, self.stop_size)
+        check_value(RESUME_SIZE, self.resume_size)
         if self.resume_count > self.stop_count:
             raise ThresholdError(
                 RESUME_COUNT,
@@ -216,7 +222,7 @@ def thresholds_from_arguments(
             "removes nothing from a stream, so its producers could never resume; "
             "bound a stream with x-max-length-bytes / x-max-age retention instead",
         )
-    values = {name: _check_value(name, arguments.get(name, 0)) for name in ARGUMENT_NAMES}
+    values = {name: check_value(name, arguments.get(name, 0)) for name in ARGUMENT_NAMES}
     return with_derived_resume(
         Thresholds(
             stop_count=values[STOP_COUNT],

@@ -39,6 +39,7 @@ from rabbitflow_broker.flow import (
     ThresholdError,
     Thresholds,
     ThresholdsSource,
+    check_value,
     default_thresholds,
     derived_resume,
     is_stream,
@@ -337,7 +338,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         }
         for key_name, attribute in names.items():
             if key_name in changes:
-                values[attribute] = changes[key_name]  # type: ignore[assignment]
+                values[attribute] = check_value(key_name, changes[key_name])
         stop_pct, resume_pct = self._pct()
         for stop_field, resume_field, resume_key in (
             ("stop_count", "resume_count", "flowResumeCount"),

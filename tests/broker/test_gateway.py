@@ -121,6 +121,21 @@ def test_runtime_thresholds_override_arguments() -> None:
     assert (snapshot.thresholds.stop_count, snapshot.source) == (100, "runtime")
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["100", 1.5, True, None, -1, [100]],
+    ids=["str", "float", "bool", "null", "negative", "list"],
+)
+def test_runtime_threshold_of_the_wrong_type_is_refused_naming_it(value: object) -> None:
+    """JSON gives any type: refused with the admin API's name, nothing changed
+    (the compiled hub must not fail with a TypeError instead)."""
+    gateway, _ = _gateway()
+    gateway.queue_declared("/", "q", STOP_10)
+    with pytest.raises(ThresholdError, match="flowStopCount"):
+        gateway.set_runtime_thresholds("/", "q", {"flowStopCount": value})
+    assert gateway.snapshot("/", "q").source != "runtime"
+
+
 def test_runtime_stop_below_old_resume_derives_resume() -> None:
     gateway, _ = _gateway()
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1000, "qpid.flow_resume_count": 900})
