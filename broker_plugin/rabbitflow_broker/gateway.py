@@ -512,7 +512,6 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
         so that publishes and removals that cannot change the state skip it."""
         machine = self.flow(key)
         depth = self.depth.get(key)
-        was_stopped = machine.stopped
         event = machine.observe(depth.messages, depth.bytes, self._clock())
         t = machine.thresholds
         if machine.stopped:
@@ -522,21 +521,18 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
             depth.lo_messages = float(t.resume_count) if t.stop_count else _INF
             depth.lo_bytes = float(t.resume_size) if t.stop_size else _INF
         else:
-            if key in self._stopped:
-                self._stopped.discard(key)
-                self._update_calm()
+            self._stopped.discard(key)
             depth.hi_messages = float(t.stop_count or _INF)
             depth.hi_bytes = float(t.stop_size or _INF)
             depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
-        if event is not None:
-            self._sink(event)
-            changes = self._pending()
-            if changes is not None:
-                if machine.stopped:
-                    changes.went_on.add(key)
-                elif was_stopped:
-                    changes.went_off.add(key)
-                    changes.vhosts.add(key[0])
+        if event is None:
+            return
+        self._sink(event)
+        if not machine.stopped:  # QUE-1004: the vhost's producers may go on
+            self.wake(key[0])
+        changes = self._pending()
+        if changes is not None:
+            (changes.went_on if machine.stopped else changes.went_off).add(key)
 
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""
