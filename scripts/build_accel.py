@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.machinery
 import os
 import sys
 import tempfile
@@ -29,22 +28,9 @@ sys.path.insert(0, str(SRC))
 from rabbitflow_broker import accel  # noqa: E402
 
 
-def _built_files() -> list[Path]:
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    names = [*accel.MODULES, "_accel__mypyc"]
-    return [PACKAGE / f"{name}{suffix}" for name in names] + [PACKAGE / accel.STAMP]
-
-
 def clean() -> None:
-    for path in _built_files():
+    for path in [*accel.extension_paths(PACKAGE), PACKAGE / accel.STAMP]:
         path.unlink(missing_ok=True)
-
-
-def current() -> bool:
-    files = _built_files()
-    if not all(path.exists() for path in files):
-        return False
-    return (PACKAGE / accel.STAMP).read_text().strip() == accel.digest(PACKAGE)
 
 
 def build() -> None:
@@ -86,7 +72,7 @@ def main() -> int:
     group.add_argument("--clean", action="store_true", help="remove the compiled modules")
     args = parser.parse_args()
     if args.check:
-        return 0 if current() else 1
+        return 0 if accel.current_build(PACKAGE) else 1
     if args.clean:
         clean()
         return 0

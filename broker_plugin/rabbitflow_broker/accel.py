@@ -25,7 +25,17 @@ import sys
 from pathlib import Path
 from typing import Final
 
-__all__ = ["MODULES", "PURE_ENV", "STAMP", "digest", "select", "status"]
+__all__ = [
+    "MODULES",
+    "PURE_ENV",
+    "STAMP",
+    "current_build",
+    "digest",
+    "extension_paths",
+    "recorded_digest",
+    "select",
+    "status",
+]
 
 #: The compiled modules (of the package ``rabbitflow_broker``).
 MODULES: Final = (
@@ -65,15 +75,26 @@ def digest(package_dir: Path = _HERE) -> str:
     return h.hexdigest()
 
 
-def _built() -> str | None:
-    """The recorded digest when every module has an extension, else None."""
+def extension_paths(package_dir: Path = _HERE) -> list[Path]:
+    """The files a build makes besides its stamp: one extension per module
+    and the group's shared library."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    if not all((_HERE / f"{name}{suffix}").exists() for name in MODULES):
+    return [package_dir / f"{name}{suffix}" for name in (*MODULES, "_accel__mypyc")]
+
+
+def recorded_digest(package_dir: Path = _HERE) -> str | None:
+    """The digest a complete build recorded (current or stale), else None."""
+    if not all(path.exists() for path in extension_paths(package_dir)):
         return None
     try:
-        return (_HERE / STAMP).read_text().strip()
+        return (package_dir / STAMP).read_text().strip()
     except OSError:
         return None
+
+
+def current_build(package_dir: Path = _HERE) -> bool:
+    """Whether a complete build of the present sources is there."""
+    return recorded_digest(package_dir) == digest(package_dir)
 
 
 class _SourceFinder:
@@ -94,7 +115,7 @@ class _SourceFinder:
 def select() -> str:
     """Choose compiled or pure modules (before any of them is imported)."""
     global _status
-    recorded = _built()
+    recorded = recorded_digest()
     if recorded is None:
         _status = "pure Python (not built)"
         return _status
