@@ -33,6 +33,9 @@ __all__ = [
     "method_name",
     "persistent",
     "reply_text",
+    "u16",
+    "u32",
+    "u64",
 ]
 
 
@@ -152,7 +155,30 @@ def reply_text(code: int, text: str) -> str:
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-_HEADER = struct.Struct(">HHQH")
+
+
+def u16(data: bytes, pos: int) -> int:
+    """The big-endian unsigned 16-bit integer at ``data[pos]``.
+
+    The hot path reads fixed fields with these instead of :mod:`struct`:
+    compiled, they are plain byte loads with no tuple or boxed integer.
+
+    Raises:
+        IndexError: ``data`` ends before it.
+    """
+    return data[pos] << 8 | data[pos + 1]
+
+
+def u32(data: bytes, pos: int) -> int:
+    """The big-endian unsigned 32-bit integer at ``data[pos]`` (see :func:`u16`)."""
+    return data[pos] << 24 | data[pos + 1] << 16 | data[pos + 2] << 8 | data[pos + 3]
+
+
+def u64(data: bytes, pos: int) -> int:
+    """The big-endian unsigned 64-bit integer at ``data[pos]`` (see :func:`u16`)."""
+    return u32(data, pos) << 32 | u32(data, pos + 4)
+
+
 _SCALARS: Final = {
     ord("b"): struct.Struct(">b"),
     ord("B"): struct.Struct(">B"),
@@ -275,7 +301,7 @@ def _array(data: bytes | bytearray, pos: int, end: int, depth: int) -> tuple[obj
     return items, stop
 
 
-def skip_table(data: bytes | bytearray, pos: int, end: int) -> int:
+def skip_table(data: bytes, pos: int, end: int) -> int:
     """Position after the field table at ``pos`` (its size only is read).
 
     Raises:
@@ -283,7 +309,7 @@ def skip_table(data: bytes | bytearray, pos: int, end: int) -> int:
     """
     if pos + 4 > end:
         raise _bad("field table")
-    stop: int = pos + 4 + _U32.unpack_from(data, pos)[0]
+    stop = pos + 4 + u32(data, pos)
     if stop > end:
         raise _bad("field table")
     return stop
@@ -399,7 +425,7 @@ class ContentInfo:
         self.headers = headers
 
 
-def content_properties(data: bytes | bytearray, start: int = 0, end: int = -1) -> ContentInfo:
+def content_properties(data: bytes, start: int = 0, end: int = -1) -> ContentInfo:
     """Body size, delivery mode and the (undecoded) headers of the content
     header payload ``data[start:end]`` (all of ``data`` by default).
 
@@ -414,7 +440,8 @@ def content_properties(data: bytes | bytearray, start: int = 0, end: int = -1) -
         end = len(data)
     if end - start < 14:
         raise FrameError(FRAME_ERROR, "content header too short")
-    _class, _weight, body_size, flags = _HEADER.unpack_from(data, start)
+    body_size = u64(data, start + 4)
+    flags = u16(data, start + 12)
     if not flags & 0xF000:
         return ContentInfo(body_size, False, None)
     pos = start + 14

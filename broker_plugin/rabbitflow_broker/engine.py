@@ -24,14 +24,21 @@ receives.  The gateway's own limits close the connection itself
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from typing import Any, Final
 
 from rabbitflow_broker import amqp, engine_pause
-from rabbitflow_broker.amqp import CONTENT_METHODS, content_properties, decode_args, text
+from rabbitflow_broker.amqp import (
+    CONTENT_METHODS,
+    content_properties,
+    decode_args,
+    text,
+    u16,
+    u32,
+    u64,
+)
 from rabbitflow_broker.confirms import Route
-from rabbitflow_broker.engine_channel import Channel
+from rabbitflow_broker.engine_channel import Channel, Connection
 from rabbitflow_broker.engine_flow import (
     PAUSE_BYTES,
     PAUSE_MESSAGES,
@@ -60,14 +67,14 @@ PRE_LOGIN_BUFFER: Final = 64 * 1024
 #: How long to wait for the client's Close-Ok before closing the socket.
 CLOSE_GRACE_S: Final = 1.0
 
-_FRAME = struct.Struct(">BHI")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
+_METHOD: Final = 1
+_HEADER: Final = 2
+_BODY: Final = 3
+_HEARTBEAT: Final = 8
 _CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
 
 
-class Engine:
+class Engine(Connection):
     """The state machine of one relayed connection."""
 
     def __init__(
@@ -282,6 +289,7 @@ class Engine:
         inbound = self._client
         pending = inbound.pending
         pos = 0
+        from_pending = False  # ``buf`` is a copy of what ``pending`` holds
         if pending:
             need = inbound.need
             if (
@@ -296,13 +304,17 @@ class Engine:
                 pending += memoryview(data)[:pos]
                 if not self._scan_pending(data, pos):
                     return
-                buf: bytes | bytearray = data
+                buf = data
             else:
                 pending += data
                 if len(pending) < need or not self._upstream_ready:
                     self._check_pre_login()
                     return
-                buf = pending
+                # Scanned as bytes (one copy, once enough has arrived): the
+                # hot path reads only ``bytes``, and what it forwards then
+                # refers to an immutable buffer.
+                buf = bytes(pending)
+                from_pending = True
         else:
             buf = data
         if not self._upstream_ready:
@@ -310,7 +322,7 @@ class Engine:
             self._check_pre_login()
             return
         if not self._header_seen:
-            pos = self._protocol_header(buf)
+            pos = self._protocol_header(buf, from_pending)
             if pos < 0:
                 return
         try:
@@ -318,7 +330,7 @@ class Engine:
         except FrameError as exc:
             self._protocol_error(exc)
             return
-        self._keep_rest(buf, pos)
+        self._keep_rest(None if from_pending else buf, pos)
 
     def _scan_pending(self, data: bytes, taken: int) -> bool:
         """Scan ``pending``, whose last frame the first ``taken`` bytes of
@@ -328,7 +340,7 @@ class Engine:
         pending = self._client.pending
         self._halted = False
         try:
-            pos = self._scan_client(pending, 0)
+            pos = self._scan_client(bytes(pending), 0)
         except FrameError as exc:
             self._protocol_error(exc)
             return False
@@ -339,26 +351,27 @@ class Engine:
             and self._closing_at is None
             and not self._closed
         ):
-            self._up.flush()  # before the buffer it points into is cleared
             pending.clear()
             return True
         whole = pos == len(pending) and self._closing_at is not None  # the rest goes nowhere
         pending += memoryview(data)[taken:]
-        self._keep_rest(pending, len(pending) if whole else pos)
+        self._keep_rest(None, len(pending) if whole else pos)
         return False
 
-    def _keep_rest(self, buf: bytes | bytearray, pos: int) -> None:
-        """After a scan of ``buf`` that stopped at ``pos``: keep what was not
-        scanned for the next read (or pass it on, when RabbitMQ is to judge it)."""
+    def _keep_rest(self, buf: bytes | None, pos: int) -> None:
+        """After a scan that stopped at ``pos``: keep what was not scanned for
+        the next read (or pass it on, when RabbitMQ is to judge it).  ``buf``
+        is what was scanned; None when it was ``pending`` itself."""
         pending = self._client.pending
-        if self._passthrough:
-            self._up.add(bytes(buf[pos:]))
-            pos = len(buf)
-        if buf is pending:
-            self._up.flush()  # before the buffer it points into is compacted
+        if buf is None:
+            if self._passthrough:
+                self._up.add(bytes(pending[pos:]))
+                pos = len(pending)
             del pending[:pos]
+        elif self._passthrough:
+            self._up.add(buf[pos:])
         else:
-            pending += buf[pos:]
+            pending += memoryview(buf)[pos:]
         self._check_pre_login()
 
     def _check_pre_login(self) -> None:
@@ -366,7 +379,7 @@ class Engine:
             self._client.pending.clear()
             self.close_connection(FRAME_ERROR, f"more than {PRE_LOGIN_BUFFER} bytes before login")
 
-    def _protocol_header(self, buf: bytes | bytearray) -> int:
+    def _protocol_header(self, buf: bytes, from_pending: bool) -> int:
         have = min(len(buf), 8)
         if bytes(buf[:have]) != PROTOCOL_HEADER[:have]:
             # RabbitMQ answers a bad header with its own and closes.
@@ -375,7 +388,7 @@ class Engine:
             self._closed = True
             return -1
         if have < 8:
-            if buf is not self._client.pending:
+            if not from_pending:
                 self._client.pending += buf
             self._client.need = 8
             return -1
@@ -383,15 +396,16 @@ class Engine:
         self._up.keep(buf, 0, 8)
         return 8
 
-    def _scan_client(self, buf: bytes | bytearray, pos: int) -> int:
+    def _scan_client(self, buf: bytes, pos: int) -> int:
         """Handle the complete frames of ``buf`` from ``pos``; returns where it stopped."""
         inbound = self._client
         size_all = len(buf)
-        unpack = _FRAME.unpack_from
         channels = self.channels
         up = self._up
         while size_all - pos >= 7:
-            kind, number, size = unpack(buf, pos)
+            kind = buf[pos]
+            number = u16(buf, pos + 1)
+            size = u32(buf, pos + 3)
             end = pos + size + 8
             if size > inbound.max_frame:
                 if not self._tuned:
@@ -406,7 +420,7 @@ class Engine:
                 return pos
             channel = channels.get(number) if number else None
             if kind == _METHOD and size >= 4:
-                method = _U32.unpack_from(buf, pos + 7)[0]
+                method = u32(buf, pos + 7)
                 if (
                     size == 13  # a single Basic.Ack, the consumer's commonest frame
                     and method == amqp.BASIC_ACK
@@ -416,7 +430,7 @@ class Engine:
                     and number not in self.upstream_closing
                     and not self._mid_content(inbound, number)
                 ):
-                    channel.acked(_U64.unpack_from(buf, pos + 11)[0], bool(buf[pos + 19] & 1))
+                    channel.acked(u64(buf, pos + 11), bool(buf[pos + 19] & 1))
                     up.keep(buf, pos, end)
                     pos = end
                     continue
@@ -454,7 +468,7 @@ class Engine:
         inbound.need = 7
         return pos
 
-    def _publish_unit(self, channel: Channel, buf: bytes | bytearray, pos: int, end: int) -> int:
+    def _publish_unit(self, channel: Channel, buf: bytes, pos: int, end: int) -> int:
         """A whole publish (method, header, one body frame) in ``buf``: account
         for it at once and return where it ends; 0 for the frame-by-frame path."""
         number = channel.number
@@ -478,7 +492,7 @@ class Engine:
 
     def _client_frame(
         self,
-        buf: bytes | bytearray,
+        buf: bytes,
         pos: int,
         end: int,
         *,
@@ -517,7 +531,7 @@ class Engine:
             return True if number == 0 else self._refuse(FRAME_ERROR, "heartbeat on a channel")
         if kind != _METHOD or end - pos < 12:
             return self._refuse(FRAME_ERROR, f"bad frame of type {kind} and size {end - pos - 8}")
-        method = _U32.unpack_from(buf, pos + 7)[0]
+        method = u32(buf, pos + 7)
         if number in inbound.expect_header or number in inbound.remaining:
             return self._refuse(UNEXPECTED_FRAME, f"method frame on channel {number} mid-content")
         if method in CONTENT_METHODS:

@@ -9,21 +9,24 @@ emit an event, report a publish made while flowed.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
+
+from mypy_extensions import trait
 
 from rabbitflow_broker import amqp
-from rabbitflow_broker.amqp import ContentInfo, decode_args, text
+from rabbitflow_broker.amqp import ContentInfo, decode_args, text, u64
 from rabbitflow_broker.confirms import ConfirmTracker, Route
 from rabbitflow_broker.depth import ChannelDeliveries
+from rabbitflow_broker.engine_io import Hub
 from rabbitflow_broker.events import (
     ALL_QUEUES,
     ChannelClosed,
     ChannelFlowEnforced,
     ChannelFlowIgnored,
     ChannelFlowRemoved,
+    Event,
 )
 from rabbitflow_broker.flow import ThresholdError
 from rabbitflow_broker.frames import SYNTAX_ERROR, FrameError
@@ -32,28 +35,51 @@ from rabbitflow_broker.mirror import NOWAIT_AT, OK_OF
 __all__ = ["Channel", "Connection"]
 
 _EMPTY: Route = frozenset()
-_U64 = struct.Struct(">Q")
 
 
-class Connection(Protocol):
-    """What a channel may ask of its connection engine."""
+@trait
+class Connection:
+    """What a channel may ask of its connection engine
+    (:class:`~rabbitflow_broker.engine.Engine` implements it; a base class
+    so that, compiled, a channel's calls into it are direct calls)."""
 
-    hub: Any
+    hub: Hub
     vhost: str
     now: float
     upstream_closing: dict[int, list[bytes]]
+    #: Whether a route is blocked, as of the last refresh.
+    route_blocked: Callable[[Route], bool]
 
-    def send_client(self, channel: int, frame: bytes) -> None: ...
-    def send_upstream(self, frame: bytes) -> None: ...
-    def emit(self, event: Any) -> None: ...
-    def identity(self) -> dict[str, Any]: ...
-    def flow_ignored(self, channel: Channel) -> bool: ...
-    def counted_while_flowed(self, number: int, size: int) -> None: ...
-    def route_blocked(self, route: Route) -> bool: ...
-    def forget_channel(self, number: int) -> None: ...
+    def send_client(self, channel: int, frame: bytes) -> None:
+        """A frame of the gateway's own for the client."""
+        raise NotImplementedError
+
+    def send_upstream(self, frame: bytes) -> None:
+        """A frame of the gateway's own for RabbitMQ."""
+        raise NotImplementedError
+
+    def emit(self, event: Event) -> None:
+        """An event for the driver to log."""
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:
+        """Fields every connection and channel event carries."""
+        raise NotImplementedError
+
+    def flow_ignored(self, channel: Channel) -> bool:
+        """Whether ``channel`` ignores flow control (and was closed for it)."""
+        raise NotImplementedError
+
+    def counted_while_flowed(self, number: int, size: int) -> None:
+        """A publish on a flowed channel."""
+        raise NotImplementedError
+
+    def forget_channel(self, number: int) -> None:
+        """The channel is closed on both sides."""
+        raise NotImplementedError
 
 
-def _shortstr(data: bytes | bytearray, pos: int) -> tuple[str, int]:
+def _shortstr(data: bytes, pos: int) -> tuple[str, int]:
     end = pos + 1 + data[pos]
     if end > len(data):
         raise FrameError(SYNTAX_ERROR, "short string runs past the frame")
@@ -78,10 +104,10 @@ class Channel:
         self.held_commits: list[Route] = []
         self.publish: tuple[str, str] | None = None
         # The last publish's exchange and routing key as sent, and decoded.
-        self._last_raw: bytes | bytearray = b""
+        self._last_raw = b""
         self._last_publish: tuple[str, str] | None = None
         # The last delivery's consumer tag as sent, and decoded.
-        self._last_tag_raw: bytes | bytearray = b""
+        self._last_tag_raw = b""
         self._last_tag = ""
         self.delivery: tuple[str, int, bool] | None = None  # queue, tag, no_ack
         self.last_queue = ""
@@ -120,7 +146,7 @@ class Channel:
         self.start_publish(payload, 0)
         return True
 
-    def start_publish(self, data: bytes | bytearray, start: int) -> None:
+    def start_publish(self, data: bytes, start: int) -> None:
         """Note where the publish whose method payload starts at ``data[start]``
         goes, until its header gives the size.
 
@@ -322,7 +348,7 @@ class Channel:
         self.consumers.pop(tag, None)
         return True
 
-    def deliver(self, data: bytes | bytearray, start: int) -> bool:
+    def deliver(self, data: bytes, start: int) -> bool:
         """Basic.Deliver (payload at ``data[start]``): the next content header
         on the channel is its message."""
         first = start + 4
@@ -334,8 +360,8 @@ class Channel:
             else:
                 tag, pos = _shortstr(data, first)
                 self._last_tag_raw, self._last_tag = raw, tag
-            (delivery_tag,) = _U64.unpack_from(data, pos)
-        except (IndexError, struct.error):
+            delivery_tag = u64(data, pos)
+        except IndexError:
             return True
         consumer = self.consumers.get(tag)
         if consumer is not None:
@@ -508,7 +534,7 @@ def _ack_fields(method: int, payload: bytes) -> tuple[int, bool, bool]:
     """
     if len(payload) < 13:
         raise FrameError(SYNTAX_ERROR, f"malformed {amqp.method_name(method)}")
-    (tag,) = _U64.unpack_from(payload, 4)
+    tag = u64(payload, 4)
     bits = payload[12]
     if method == amqp.BASIC_REJECT:
         return tag, False, bool(bits & 1)

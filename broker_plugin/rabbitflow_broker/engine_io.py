@@ -4,41 +4,85 @@ the driver to do (:class:`Actions`), and its byte buffers."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
+from mypy_extensions import trait
+
+from rabbitflow_broker.amqp import u16, u32, u64
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.events import Event
 
 __all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
 
 
-class Hub(Protocol):
-    """The shared gateway state one connection may use (narrow on purpose)."""
+@trait
+class Hub:
+    """The shared gateway state one connection may use (narrow on purpose).
+
+    :class:`~rabbitflow_broker.gateway.Gateway` implements it.  A base class
+    rather than a :class:`~typing.Protocol`: compiled, the engine's calls
+    into the hub are then direct calls, not Python method lookups."""
 
     #: True while nothing blocks any producer (no queue ON, no administrator
     #: stop, no vhost-wide block): the per-message blocking checks are skipped.
     calm: bool
 
-    def published(self, vhost: str, route: Route, size: int) -> None: ...
-    def removed(self, vhost: str, queue: str, messages: int, size: int) -> None: ...
-    def persistent_published(self, vhost: str, size: int) -> None: ...
-    def route_blocker(self, vhost: str) -> Callable[[Route], bool]: ...
-    def blockers(self, vhost: str, route: Route) -> list[str]: ...
-    def blocker_active(self, vhost: str, blocker: str) -> bool: ...
-    def vhost_blocked(self, vhost: str) -> bool: ...
-    def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route: ...
-    def validate_declare(self, arguments: Mapping[str, object] | None) -> None: ...
+    def published(self, vhost: str, route: Route, size: int) -> None:
+        """A publish routed to ``route`` was relayed (or a transaction committed)."""
+        raise NotImplementedError
+
+    def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
+        """Messages left a queue."""
+        raise NotImplementedError
+
+    def persistent_published(self, vhost: str, size: int) -> None:
+        """Persistent bytes were routed (the store quota counts them)."""
+        raise NotImplementedError
+
+    def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
+        """Whether a route of the vhost is blocked, as a function."""
+        raise NotImplementedError
+
+    def blockers(self, vhost: str, route: Route) -> list[str]:
+        """What blocks a route now."""
+        raise NotImplementedError
+
+    def blocker_active(self, vhost: str, blocker: str) -> bool:
+        """Whether one blocker still blocks."""
+        raise NotImplementedError
+
+    def vhost_blocked(self, vhost: str) -> bool:
+        """Whether every publish to the vhost is blocked."""
+        raise NotImplementedError
+
+    def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route:
+        """The queues a publish is enqueued on."""
+        raise NotImplementedError
+
+    def validate_declare(self, arguments: Mapping[str, object] | None) -> None:
+        """Refuse a queue declaration whose flow arguments are invalid."""
+        raise NotImplementedError
+
     def confirmed(
         self, vhost: str, request: int, args: list[object], reply: Any, last: str
-    ) -> None: ...
-    def now(self) -> Any: ...
-    def monotonic(self) -> float: ...
+    ) -> None:
+        """RabbitMQ confirmed a client's request (follow it in the routing mirror)."""
+        raise NotImplementedError
+
+    def now(self) -> Any:
+        """Wall-clock time for event timestamps."""
+        raise NotImplementedError
+
+    def monotonic(self) -> float:
+        """Monotonic seconds."""
+        raise NotImplementedError
 
     @property
-    def store_quota_on(self) -> bool: ...
+    def store_quota_on(self) -> bool:
+        """Whether persistent publishes are blocked by the store quota."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +93,28 @@ class EngineSettings:
     handshake_timeout: float | None = 10.0
 
 
-@dataclass(slots=True)
 class Actions:
-    """What the driver must do after a call into the engine, in this order."""
+    """What the driver must do after a call into the engine, in this order.
 
-    to_upstream: list[bytes] = field(default_factory=list)
-    to_client: list[bytes] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    read_client: bool = True
-    timer: float | None = None  # monotonic time to call tick() at
-    close: bool = False  # flush what is above, then close both sockets
+    A plain class, not a dataclass: compiled, its constructor is then native
+    (one is made per call into the engine)."""
+
+    __slots__ = ("close", "events", "read_client", "timer", "to_client", "to_upstream")
+
+    def __init__(self) -> None:
+        self.to_upstream: list[bytes] = []
+        self.to_client: list[bytes] = []
+        self.events: list[Event] = []
+        self.read_client = True
+        self.timer: float | None = None  # monotonic time to call tick() at
+        self.close = False  # flush what is above, then close both sockets
+
+    def __repr__(self) -> str:
+        return (
+            f"Actions(to_upstream={self.to_upstream!r}, to_client={self.to_client!r}, "
+            f"events={self.events!r}, read_client={self.read_client!r}, "
+            f"timer={self.timer!r}, close={self.close!r})"
+        )
 
 
 class Inbound:
@@ -83,7 +139,7 @@ class Out:
 
     def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
-        self.buf: bytes | bytearray | None = None
+        self.buf: bytes | None = None
         self.start = self.end = 0
 
     def collect(self, parts: list[bytes]) -> None:
@@ -91,7 +147,7 @@ class Out:
         self.parts = parts
         self.buf = None
 
-    def keep(self, buf: bytes | bytearray, start: int, end: int) -> None:
+    def keep(self, buf: bytes, start: int, end: int) -> None:
         if self.buf is buf and self.end == start:
             self.end = end
             return
@@ -101,11 +157,8 @@ class Out:
     def flush(self) -> None:
         buf = self.buf
         if buf is not None:
-            if isinstance(buf, bytes):
-                whole = self.start == 0 and self.end == len(buf)
-                self.parts.append(buf if whole else buf[self.start : self.end])
-            else:
-                self.parts.append(bytes(memoryview(buf)[self.start : self.end]))
+            whole = self.start == 0 and self.end == len(buf)
+            self.parts.append(buf if whole else buf[self.start : self.end])
             self.buf = None
 
     def add(self, frame: bytes) -> None:
@@ -113,34 +166,30 @@ class Out:
         self.parts.append(frame)
 
 
-_FRAME = struct.Struct(">BHI")
-_U64 = struct.Struct(">Q")
-
-
-def content_unit(buf: bytes | bytearray, end: int, number: int, max_frame: int) -> tuple[int, int]:
+def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int, int]:
     """(header end, message end) when the content method frame ending at
     ``end`` is followed in ``buf`` by its header and one body frame holding the
     whole non-empty body, all on channel ``number``; (0, 0) otherwise (the
     frame-by-frame path then judges what is there)."""
     size_all = len(buf)
-    if end + 7 > size_all:
+    if end + 7 > size_all or buf[end] != 2 or u16(buf, end + 1) != number:
         return 0, 0
-    kind, channel, size = _FRAME.unpack_from(buf, end)
-    header_end: int = end + size + 8
-    if kind != 2 or channel != number or size < 14 or header_end + 7 > size_all:
+    size = u32(buf, end + 3)
+    header_end = end + size + 8
+    if size < 14 or header_end + 7 > size_all:
         return 0, 0
-    kind, channel, body_size = _FRAME.unpack_from(buf, header_end)
-    unit_end: int = header_end + body_size + 8
+    if buf[header_end] != 3 or u16(buf, header_end + 1) != number:
+        return 0, 0
+    body_size = u32(buf, header_end + 3)
+    unit_end = header_end + body_size + 8
     if (
-        kind != 3
-        or channel != number
-        or unit_end > size_all
+        unit_end > size_all
         or body_size == 0
         or size > max_frame
         or body_size > max_frame
         or buf[header_end - 1] != 0xCE
         or buf[unit_end - 1] != 0xCE
-        or _U64.unpack_from(buf, end + 11)[0] != body_size
+        or u64(buf, end + 11) != body_size
     ):
         return 0, 0
     return header_end, unit_end

@@ -9,24 +9,23 @@ frames the gateway adds for a channel out of the middle of a delivery.
 
 from __future__ import annotations
 
-import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from rabbitflow_broker import amqp
-from rabbitflow_broker.amqp import CONTENT_METHODS
+from rabbitflow_broker.amqp import CONTENT_METHODS, u16, u32, u64
 from rabbitflow_broker.engine_io import Inbound, Out, content_unit
 from rabbitflow_broker.frames import FRAME_ERROR, FrameError
 
 if TYPE_CHECKING:
+    from rabbitflow_broker.confirms import ConfirmTracker
     from rabbitflow_broker.engine import Engine
     from rabbitflow_broker.engine_channel import Channel
 
 __all__ = ["FromUpstream"]
 
-_FRAME = struct.Struct(">BHI")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_METHOD, _HEADER, _BODY = 1, 2, 3
+_METHOD: Final = 1
+_HEADER: Final = 2
+_BODY: Final = 3
 
 
 class FromUpstream:
@@ -69,15 +68,12 @@ class FromUpstream:
             pending += data
             if len(pending) < inbound.need:
                 return
-            buf: bytes | bytearray = pending
-        else:
-            buf = data
-        pos = self._scan(buf, down, up)
-        if buf is pending:
-            down.flush()  # before the buffer it points into is compacted
+            buf = bytes(pending)  # scanned as bytes, like the client's (Engine.parse_client)
+            pos = self._scan(buf, down, up)
             del pending[:pos]
         else:
-            pending += buf[pos:]
+            pos = self._scan(data, down, up)
+            pending += memoryview(data)[pos:]
         if self.deferred:
             ready = [(n, f) for n, f in self.deferred if not self.mid_content(n)]
             if ready:
@@ -85,15 +81,16 @@ class FromUpstream:
                 for _, frame in ready:
                     down.add(frame)
 
-    def _scan(self, buf: bytes | bytearray, down: Out, up: Out) -> int:
+    def _scan(self, buf: bytes, down: Out, up: Out) -> int:
         inbound = self.inbound
         size_all = len(buf)
         pos = 0
-        unpack = _FRAME.unpack_from
         channels = self.conn.channels
         closing = self.conn.upstream_closing
         while size_all - pos >= 7:
-            kind, number, size = unpack(buf, pos)
+            kind = buf[pos]
+            number = u16(buf, pos + 1)
+            size = u32(buf, pos + 3)
             if size > inbound.max_frame:
                 raise FrameError(FRAME_ERROR, f"frame of {size} bytes exceeds frame-max")
             end = pos + size + 8
@@ -104,16 +101,14 @@ class FromUpstream:
                 raise FrameError(FRAME_ERROR, "frame does not end with 0xCE")
             channel = channels.get(number) if number else None
             if (
-                size == 13  # a single publisher confirm, the commonest frame under load
+                size == 13  # a publisher confirm, the commonest frame under load
                 and channel is not None
                 and kind == _METHOD
-                and buf[end - 2] == 0
-                and _U32.unpack_from(buf, pos + 7)[0] == amqp.BASIC_ACK
+                and buf[end - 2] <= 1  # multiple or not; never a nack
+                and u32(buf, pos + 7) == amqp.BASIC_ACK
                 and channel.confirm is not None
                 and number not in closing
-                and channel.confirm.ack_one(
-                    _U64.unpack_from(buf, pos + 11)[0], self.conn.route_blocked
-                )
+                and self._ack_as_is(channel.confirm, u64(buf, pos + 11), buf[end - 2] == 1)
             ):
                 down.keep(buf, pos, end)
                 pos = end
@@ -122,7 +117,7 @@ class FromUpstream:
                 kind == _METHOD
                 and channel is not None
                 and size >= 4
-                and _U32.unpack_from(buf, pos + 7)[0] == amqp.BASIC_DELIVER
+                and u32(buf, pos + 7) == amqp.BASIC_DELIVER
                 and number not in closing
                 and not self.mid_content(number)
             ):
@@ -139,9 +134,16 @@ class FromUpstream:
         inbound.need = 7
         return pos
 
+    def _ack_as_is(self, tracker: ConfirmTracker, tag: int, multiple: bool) -> bool:
+        """Record an upstream ack that may go to the client as it came
+        (:meth:`ConfirmTracker.ack_one` / :meth:`~ConfirmTracker.ack_upto`)."""
+        conn = self.conn
+        blocked = None if conn.hub.calm else conn.route_blocked
+        return tracker.ack_upto(tag, blocked) if multiple else tracker.ack_one(tag, blocked)
+
     def _frame(  # noqa: PLR0917 - the hot loop's locals, positionally
         self,
-        buf: bytes | bytearray,
+        buf: bytes,
         pos: int,
         end: int,
         kind: int,
@@ -161,7 +163,7 @@ class FromUpstream:
             return not closing
         if kind == _HEADER:
             inbound.expect_header.discard(number)
-            body_size = _U64.unpack_from(buf, pos + 11)[0] if end - pos >= 19 else 0
+            body_size = u64(buf, pos + 11) if end - pos >= 19 else 0
             if body_size:
                 inbound.remaining[number] = body_size
             if channel is not None and not closing:
@@ -169,7 +171,7 @@ class FromUpstream:
             return not closing
         if kind != _METHOD or end - pos < 12:
             return not closing
-        method = _U32.unpack_from(buf, pos + 7)[0]
+        method = u32(buf, pos + 7)
         inbound.remaining.pop(number, None)
         inbound.expect_header.discard(number)
         if method in CONTENT_METHODS:

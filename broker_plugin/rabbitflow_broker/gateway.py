@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from rabbitflow_broker import mirror
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth import DepthTracker, QueueKey
+from rabbitflow_broker.engine_io import Hub
 from rabbitflow_broker.events import ALL_QUEUES, Event
 from rabbitflow_broker.flow import (
     DISABLED,
@@ -97,7 +98,7 @@ def _utcnow() -> dt.datetime:
 _INF = float("inf")
 
 
-class Gateway(StoreQuotaMixin, AdminViewsMixin):
+class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     """Shared state of the gateway; every method is synchronous and quick."""
 
     def __init__(
@@ -537,10 +538,10 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin):
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""
         now = self._monotonic()
-        add = self.depth.add
+        tracker = self.depth
         for queue in route:
             key = (vhost, queue)
-            depth = add(key, 1, size, now)
+            depth = tracker.add(key, 1, size, now)
             if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
                 self._observe(key)
 

@@ -199,13 +199,17 @@ class RoutingTable:
         self, vhost: str, name: str, arguments: Mapping[str, object] | None = None
     ) -> None:
         """Add a queue (redeclaring keeps its bindings)."""
-        self._vhost(vhost).queues[name] = dict(arguments or {})
+        v = self._vhost(vhost)
+        v.queues[name] = dict(arguments or {})
+        if name not in v.alone:
+            v.alone[name] = frozenset((name,))
 
     def delete_queue(self, vhost: str, name: str) -> None:
         """Remove a queue and its bindings; unknown queues are a no-op."""
         v = self._vhosts.get(vhost)
         if v is None or v.queues.pop(name, None) is None:
             return
+        del v.alone[name]
         self._drop_bindings_to(v, (False, name))
 
     def _drop_bindings_to(self, v: _VHost, dest: _Dest) -> None:
@@ -390,7 +394,7 @@ class RoutingTable:
         if v is None:
             return _EMPTY
         if exchange == "" and headers is None:  # the commonest publish: straight to a queue
-            return frozenset((routing_key,)) if routing_key in v.queues else _EMPTY
+            return v.alone.get(routing_key, _EMPTY)
         keys: Sequence[str] = (routing_key,)
         if headers and ("CC" in headers or "BCC" in headers):
             extra = _header_routes(headers)

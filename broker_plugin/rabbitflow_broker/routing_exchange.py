@@ -211,7 +211,7 @@ class _Policy:
 
 
 class _VHost:
-    __slots__ = ("bound_to", "exchanges", "policies", "queues")
+    __slots__ = ("alone", "bound_to", "exchanges", "policies", "queues")
 
     def __init__(self) -> None:
         self.exchanges: dict[str, _Exchange] = {
@@ -219,6 +219,9 @@ class _VHost:
             for name, (type_, internal) in PREDECLARED_EXCHANGES.items()
         }
         self.queues: dict[str, dict[str, object]] = {}
+        # queue -> the route of a publish straight to it, made once (the
+        # commonest route; keeps the same set for every such publish).
+        self.alone: dict[str, frozenset[str]] = {}
         self.policies: tuple[_Policy, ...] = ()
         # Reverse index: destination -> bindings pointing at it, for deletes.
         self.bound_to: dict[_Dest, set[tuple[str, _BindingId]]] = {}
