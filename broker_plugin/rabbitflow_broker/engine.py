@@ -353,8 +353,19 @@ class Engine(Connection):
         ):
             pending.clear()
             return True
+        waiting = (  # the frame is whole but its message is not: scan again with the rest
+            pos < len(pending)
+            and not self._halted
+            and not self._passthrough
+            and self._closing_at is None
+            and not self._closed
+        )
         whole = pos == len(pending) and self._closing_at is not None  # the rest goes nowhere
         pending += memoryview(data)[taken:]
+        if waiting:
+            del pending[:pos]
+            self.parse_client(b"")
+            return False
         self._keep_rest(None, len(pending) if whole else pos)
         return False
 
@@ -442,13 +453,20 @@ class Engine(Connection):
                     and number not in self.upstream_closing
                 ):
                     unit_end = self._publish_unit(channel, buf, pos, end)
-                    if unit_end:
+                    if unit_end > 0:
                         up.keep(buf, pos, unit_end)
                         pos = unit_end
                         if self._stop_after is not None:
                             self._halted = True
                             break
                         continue
+                    if unit_end < 0:
+                        # The read ends inside the body: wait for the whole
+                        # message and take it as one unit then, instead of
+                        # frame by frame now (the method and header could not
+                        # be acted on by RabbitMQ before the body either).
+                        inbound.need = -unit_end - pos
+                        return pos
             keep = self._client_frame(buf, pos, end, kind=kind, number=number, channel=channel)
             if self._passthrough:
                 return pos
@@ -470,13 +488,14 @@ class Engine(Connection):
 
     def _publish_unit(self, channel: Channel, buf: bytes, pos: int, end: int) -> int:
         """A whole publish (method, header, one body frame) in ``buf``: account
-        for it at once and return where it ends; 0 for the frame-by-frame path."""
+        for it at once and return where it ends; 0 for the frame-by-frame
+        path; minus where it will end when ``buf`` stops inside its body."""
         number = channel.number
         if self._mid_content(self._client, number):
             return 0
         header_end, unit_end = content_unit(buf, end, number, self._client.max_frame)
-        if not unit_end:
-            return 0
+        if header_end <= 0:
+            return -unit_end
         try:
             channel.start_publish(buf, pos + 7)
             info = content_properties(buf, end + 7, header_end - 1)

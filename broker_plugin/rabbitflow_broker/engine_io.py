@@ -169,27 +169,34 @@ class Out:
 def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int, int]:
     """(header end, message end) when the content method frame ending at
     ``end`` is followed in ``buf`` by its header and one body frame holding the
-    whole non-empty body, all on channel ``number``; (0, 0) otherwise (the
-    frame-by-frame path then judges what is there)."""
+    whole non-empty body, all on channel ``number``; (-1, n) when ``buf``
+    ends before that can be told or before the body ends, and must hold ``n``
+    bytes to go on; (0, 0) otherwise (the frame-by-frame path then judges
+    what is there)."""
     size_all = len(buf)
-    if end + 7 > size_all or buf[end] != 2 or u16(buf, end + 1) != number:
+    if end + 7 > size_all:
+        return -1, end + 7
+    if buf[end] != 2 or u16(buf, end + 1) != number:
         return 0, 0
     size = u32(buf, end + 3)
     header_end = end + size + 8
-    if size < 14 or header_end + 7 > size_all:
+    if size < 14 or size > max_frame:
         return 0, 0
+    if header_end + 7 > size_all:
+        return -1, header_end + 7
     if buf[header_end] != 3 or u16(buf, header_end + 1) != number:
         return 0, 0
     body_size = u32(buf, header_end + 3)
     unit_end = header_end + body_size + 8
     if (
-        unit_end > size_all
-        or body_size == 0
-        or size > max_frame
+        body_size == 0
         or body_size > max_frame
         or buf[header_end - 1] != 0xCE
-        or buf[unit_end - 1] != 0xCE
         or u64(buf, end + 11) != body_size
     ):
+        return 0, 0
+    if unit_end > size_all:
+        return -1, unit_end
+    if buf[unit_end - 1] != 0xCE:
         return 0, 0
     return header_end, unit_end

@@ -122,7 +122,7 @@ class FromUpstream:
                 and not self.mid_content(number)
             ):
                 header_end, unit_end = content_unit(buf, end, number, inbound.max_frame)
-                if unit_end:
+                if header_end > 0:
                     channel.deliver(buf, pos + 7)
                     channel.delivered(unit_end - header_end - 8)
                     down.keep(buf, pos, unit_end)

@@ -43,6 +43,22 @@ def test_publishes_split_across_reads_are_forwarded_unchanged() -> None:
     assert w.gateway.depth.get(("/", "q")).messages == 3
 
 
+@given(st.lists(st.integers(1, 1047), min_size=1, max_size=3, unique=True))
+def test_a_publish_cut_anywhere_goes_upstream_whole_once_it_is_complete(cuts: list[int]) -> None:
+    w = wire(stop_count=100)
+    raw = publish(1, "q", b"a" * 1000)
+    assert len(raw) == 1048
+    w.to_upstream.clear()
+    bounds = [0, *sorted(cuts), len(raw)]
+    for start, stop in itertools.pairwise(bounds[:-1]):
+        w.client(raw[start:stop])
+        assert bytes(w.to_upstream) == b""  # nothing of it goes before all of it is here
+        assert w.gateway.depth.get(("/", "q")).messages == 0
+    w.client(raw[bounds[-2] :] + raw[:5])
+    assert bytes(w.to_upstream) == raw
+    assert w.gateway.depth.get(("/", "q")).messages == 1
+
+
 def test_client_flow_ok_is_not_forwarded() -> None:
     w = wire()
     w.client(method(1, commands.Channel.FlowOk(active=False)))

@@ -48,6 +48,16 @@ def test_default_exchange_routes_to_queue_named_by_key() -> None:
     assert table("orders").route(V, "", "orders") == {"orders"}
 
 
+def test_a_queue_deleted_and_declared_again_is_routed_to_again() -> None:
+    t = table("orders")
+    first = t.route(V, "", "orders")
+    assert t.route(V, "", "orders") is first  # one set per queue, not one per publish
+    t.delete_queue(V, "orders")
+    assert t.route(V, "", "orders") == frozenset()
+    t.declare_queue(V, "orders")
+    assert t.route(V, "", "orders") == {"orders"}
+
+
 def test_default_exchange_drops_missing_queue() -> None:
     assert table("orders").route(V, "", "nope") == frozenset()
 
