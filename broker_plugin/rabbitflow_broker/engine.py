@@ -72,6 +72,10 @@ _HEADER: Final = 2
 _BODY: Final = 3
 _HEARTBEAT: Final = 8
 _CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
+# What a scan of the pending buffer left (Engine._scan_pending).
+_USED: Final = 0
+_WAIT: Final = 1
+_STOP: Final = 2
 
 
 class Engine(Connection):
@@ -290,24 +294,23 @@ class Engine(Connection):
         pending = inbound.pending
         pos = 0
         from_pending = False  # ``buf`` is a copy of what ``pending`` holds
+        buf = data
         if pending:
-            need = inbound.need
-            if (
-                need > 7
-                and self._upstream_ready
-                and self._header_seen
-                and len(pending) < need < len(pending) + len(data)
-            ):
-                # Complete the one pending frame from the head of ``data``, then
-                # scan the rest of ``data`` in place instead of copying it all.
-                pos = need - len(pending)
-                pending += memoryview(data)[:pos]
-                if not self._scan_pending(data, pos):
-                    return
-                buf = data
-            else:
-                pending += data
-                if len(pending) < need or not self._upstream_ready:
+            # Complete what is pending (a frame, or a message that waits whole)
+            # from the head of ``data``, then scan the rest of ``data`` in
+            # place instead of copying it all.
+            state = _WAIT
+            while state == _WAIT and self._completes_pending(len(data) - pos):
+                take = pos + inbound.need - len(pending)
+                pending += memoryview(data)[pos:take]
+                pos = take
+                state = self._scan_pending(data, pos)
+            if state == _STOP:
+                return
+            if state == _WAIT:
+                pending += memoryview(data)[pos:]
+                pos = 0
+                if len(pending) < inbound.need or not self._upstream_ready:
                     self._check_pre_login()
                     return
                 # Scanned as bytes (one copy, once enough has arrived): the
@@ -315,9 +318,7 @@ class Engine(Connection):
                 # refers to an immutable buffer.
                 buf = bytes(pending)
                 from_pending = True
-        else:
-            buf = data
-        if not self._upstream_ready:
+        elif not self._upstream_ready:
             pending += data
             self._check_pre_login()
             return
@@ -332,42 +333,39 @@ class Engine(Connection):
             return
         self._keep_rest(None if from_pending else buf, pos)
 
-    def _scan_pending(self, data: bytes, taken: int) -> bool:
-        """Scan ``pending``, whose last frame the first ``taken`` bytes of
-        ``data`` completed; True when it was used up and the scan may go on
-        in ``data`` from ``taken``, else the rest of ``data`` was dealt with
-        as if it had been appended to ``pending`` before the scan."""
+    def _completes_pending(self, rest: int) -> bool:
+        """Whether ``rest`` more bytes complete what ``pending`` waits for, with
+        some left over (after login: before it, everything waits in ``pending``)."""
+        need, have = self._client.need, len(self._client.pending)
+        return need > 7 and self._upstream_ready and self._header_seen and have < need < have + rest
+
+    def _scan_pending(self, data: bytes, taken: int) -> int:
+        """Scan ``pending``, which the first ``taken`` bytes of ``data``
+        completed: :data:`_USED` when it was used up and the scan may go on
+        in ``data`` from ``taken``; :data:`_WAIT` when its frame was whole but
+        its message is not (``pending`` then holds the message's start and
+        ``need`` says how much it needs); :data:`_STOP` when the rest of
+        ``data`` was dealt with as if appended to ``pending`` before the scan."""
         pending = self._client.pending
         self._halted = False
         try:
             pos = self._scan_client(bytes(pending), 0)
         except FrameError as exc:
             self._protocol_error(exc)
-            return False
-        if (
-            pos == len(pending)
-            and not self._halted
-            and not self._passthrough
-            and self._closing_at is None
-            and not self._closed
-        ):
-            pending.clear()
-            return True
-        waiting = (  # the frame is whole but its message is not: scan again with the rest
-            pos < len(pending)
-            and not self._halted
+            return _STOP
+        free = (
+            not self._halted
             and not self._passthrough
             and self._closing_at is None
             and not self._closed
         )
+        if free:
+            del pending[:pos]
+            return _WAIT if pending else _USED
         whole = pos == len(pending) and self._closing_at is not None  # the rest goes nowhere
         pending += memoryview(data)[taken:]
-        if waiting:
-            del pending[:pos]
-            self.parse_client(b"")
-            return False
         self._keep_rest(None, len(pending) if whole else pos)
-        return False
+        return _STOP
 
     def _keep_rest(self, buf: bytes | None, pos: int) -> None:
         """After a scan that stopped at ``pos``: keep what was not scanned for
