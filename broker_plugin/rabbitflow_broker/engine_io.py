@@ -166,6 +166,14 @@ class Out:
         self.parts.append(frame)
 
 
+def _frame_on(buf: bytes, pos: int, kind: int, number: int) -> int:
+    """The size of the frame at ``buf[pos]`` when it is of type ``kind`` on
+    channel ``number``; -1 otherwise."""
+    if buf[pos] != kind or u16(buf, pos + 1) != number:
+        return -1
+    return u32(buf, pos + 3)
+
+
 def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int, int]:
     """(header end, message end) when the content method frame ending at
     ``end`` is followed in ``buf`` by its header and one body frame holding the
@@ -176,20 +184,16 @@ def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int
     size_all = len(buf)
     if end + 7 > size_all:
         return -1, end + 7
-    if buf[end] != 2 or u16(buf, end + 1) != number:
-        return 0, 0
-    size = u32(buf, end + 3)
-    header_end = end + size + 8
+    size = _frame_on(buf, end, 2, number)
     if size < 14 or size > max_frame:
         return 0, 0
+    header_end = end + size + 8
     if header_end + 7 > size_all:
         return -1, header_end + 7
-    if buf[header_end] != 3 or u16(buf, header_end + 1) != number:
-        return 0, 0
-    body_size = u32(buf, header_end + 3)
+    body_size = _frame_on(buf, header_end, 3, number)
     unit_end = header_end + body_size + 8
     if (
-        body_size == 0
+        body_size <= 0
         or body_size > max_frame
         or buf[header_end - 1] != 0xCE
         or u64(buf, end + 11) != body_size
