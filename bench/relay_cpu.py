@@ -12,7 +12,11 @@ routing, depth tracking, confirm bookkeeping) for each workload:
   upstream Basic.Ack for each (one per message, as RabbitMQ sends them
   under a window);
 * ``deliver+ack 256B``: Basic.Deliver + header + body from upstream and
-  the client's Basic.Ack.
+  the client's Basic.Ack;
+* ``confirm 4KiB reads``: 4 KiB publishes on a confirm channel as a
+  windowed pika publisher's socket delivers them here (reads of 20-34 KB cut
+  at any byte, so most reads end inside a message), and RabbitMQ's
+  ``multiple`` acks, 2-5 messages each, a few per read.
 
 Printed: microseconds per message for each.  Unlike ``gateway_overhead.py``
 the figure does not depend on what else the machine runs (the other
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -130,6 +135,9 @@ def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]
                 acks.append(_frame(1, commands.Basic.Ack(delivery_tag=tag)))
             chunks.append((False, b"".join(deliveries)))
             chunks.append((True, b"".join(acks)))
+    elif name == "confirm 4KiB reads":
+        _setup(relay, confirm=True, consume=False)
+        chunks.extend(_socket_reads(messages))
     else:
         raise ValueError(name)
 
@@ -143,7 +151,29 @@ def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]
     return run, [data for _, data in chunks]
 
 
-WORKLOADS = ("publish 256B", "publish+confirm 256B", "deliver+ack 256B")
+def _socket_reads(messages: int) -> list[tuple[bool, bytes]]:
+    """Client reads cut at random bytes, each followed by the multiple acks
+    RabbitMQ would have sent by then (a fixed seed: the same every run)."""
+    rnd = random.Random(1)
+    one = _content(1, commands.Basic.Publish(exchange="", routing_key=QUEUE), b"x" * 4096)
+    stream = one * messages
+    reads: list[tuple[bool, bytes]] = []
+    pos = acked = 0
+    while pos < len(stream):
+        cut = min(len(stream), pos + rnd.randint(20_000, 34_000))
+        reads.append((True, stream[pos:cut]))
+        pos = cut
+        sent = cut // len(one)
+        acks = []
+        while acked + 4 <= sent or (cut == len(stream) and acked < sent):
+            acked = min(sent, acked + rnd.randint(2, 5))
+            acks.append(_frame(1, commands.Basic.Ack(delivery_tag=acked, multiple=True)))
+        if acks:
+            reads.append((False, b"".join(acks)))
+    return reads
+
+
+WORKLOADS = ("publish 256B", "publish+confirm 256B", "deliver+ack 256B", "confirm 4KiB reads")
 
 
 def main() -> int:
