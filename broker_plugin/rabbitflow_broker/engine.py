@@ -154,6 +154,10 @@ class Engine(Connection):
             if _CLOSE_OK in data:  # the client answered the gateway's Connection.Close
                 self._closed = True
         elif self._passthrough:
+            pending = self._client.pending
+            if pending:  # what waited for more goes first: RabbitMQ judges it all
+                self._up.add(bytes(pending))
+                pending.clear()
             self._up.add(data)
         elif not self._closed:
             self.parse_client(data)

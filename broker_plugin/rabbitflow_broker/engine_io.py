@@ -188,6 +188,10 @@ def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int
     if size < 14 or size > max_frame:
         return 0, 0
     header_end = end + size + 8
+    if header_end > size_all:
+        return -1, header_end
+    if u64(buf, end + 11) == 0:  # no body frame follows: the message is complete
+        return 0, 0
     if header_end + 7 > size_all:
         return -1, header_end + 7
     body_size = _frame_on(buf, header_end, 3, number)

@@ -59,6 +59,33 @@ def test_a_publish_cut_anywhere_goes_upstream_whole_once_it_is_complete(cuts: li
     assert w.gateway.depth.get(("/", "q")).messages == 1
 
 
+@given(st.integers(0, 40))
+def test_a_publish_with_an_empty_body_goes_upstream_at_once(cut: int) -> None:
+    w = wire(stop_count=100)
+    empty = publish(1, "q", b"")[:-8]  # method and header; no body frame follows
+    w.to_upstream.clear()
+    w.client(empty[:cut] if cut else empty)
+    if cut:
+        w.client(empty[cut:])
+    assert bytes(w.to_upstream) == empty
+    assert w.gateway.depth.get(("/", "q")).messages == 1
+
+
+def test_bytes_waiting_for_their_message_go_first_once_rabbitmq_closes() -> None:
+    w = wire(stop_count=100)
+    raw = publish(1, "q", b"a" * 1000)
+    w.to_upstream.clear()
+    w.client(raw[:-100])  # waits whole
+    w.upstream(
+        method(
+            0, commands.Connection.Close(reply_code=320, reply_text="x", class_id=0, method_id=0)
+        )
+    )
+    close_ok = method(0, commands.Connection.CloseOk())
+    w.client(raw[-100:] + close_ok)
+    assert bytes(w.to_upstream) == raw + close_ok
+
+
 def test_client_flow_ok_is_not_forwarded() -> None:
     w = wire()
     w.client(method(1, commands.Channel.FlowOk(active=False)))
