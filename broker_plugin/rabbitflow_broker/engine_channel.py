@@ -388,10 +388,7 @@ class Channel:
             return True
         tag, multiple, _requeue = _ack_fields(method, payload)
         hub, vhost = self.conn.hub, self.conn.vhost
-        blocked = None if hub.calm else self.conn.route_blocked
-        if method == amqp.BASIC_ACK and (
-            tracker.ack_upto(tag, blocked) if multiple else tracker.ack_one(tag, blocked)
-        ):
+        if method == amqp.BASIC_ACK and self.ack_as_is(tracker, tag, multiple):
             return True
         if method == amqp.BASIC_ACK:
             confirms, held = tracker.upstream_ack(tag, multiple, self.conn.route_blocked)
@@ -412,6 +409,14 @@ class Channel:
                 amqp.confirm_frame(self.number, confirm.tag, confirm.multiple, confirm.ack),
             )
         return False
+
+    def ack_as_is(self, tracker: ConfirmTracker, tag: int, multiple: bool) -> bool:
+        """Record an upstream ack of ``tracker`` (this channel's) that may go
+        to the client as it came (:meth:`ConfirmTracker.ack_one` /
+        :meth:`~ConfirmTracker.ack_upto`); False changes nothing."""
+        conn = self.conn
+        blocked = None if conn.hub.calm else conn.route_blocked
+        return tracker.ack_upto(tag, blocked) if multiple else tracker.ack_one(tag, blocked)
 
     def _u_commit_ok(self, method: int, payload: bytes) -> bool:
         if not self.committing:

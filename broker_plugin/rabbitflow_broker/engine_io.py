@@ -190,7 +190,8 @@ def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int
     header_end = end + size + 8
     if header_end > size_all:
         return -1, header_end
-    if u64(buf, end + 11) == 0:  # no body frame follows: the message is complete
+    declared = u64(buf, end + 11)  # the header's body size
+    if declared == 0:  # no body frame follows: the message is complete
         return 0, 0
     if header_end + 7 > size_all:
         return -1, header_end + 7
@@ -200,7 +201,7 @@ def content_unit(buf: bytes, end: int, number: int, max_frame: int) -> tuple[int
         body_size <= 0
         or body_size > max_frame
         or buf[header_end - 1] != 0xCE
-        or u64(buf, end + 11) != body_size
+        or declared != body_size
     ):
         return 0, 0
     if unit_end > size_all:

@@ -17,7 +17,6 @@ from rabbitflow_broker.engine_io import Inbound, Out, content_unit
 from rabbitflow_broker.frames import FRAME_ERROR, FrameError
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.confirms import ConfirmTracker
     from rabbitflow_broker.engine import Engine
     from rabbitflow_broker.engine_channel import Channel
 
@@ -108,7 +107,7 @@ class FromUpstream:
                 and u32(buf, pos + 7) == amqp.BASIC_ACK
                 and channel.confirm is not None
                 and number not in closing
-                and self._ack_as_is(channel.confirm, u64(buf, pos + 11), buf[end - 2] == 1)
+                and channel.ack_as_is(channel.confirm, u64(buf, pos + 11), buf[end - 2] == 1)
             ):
                 down.keep(buf, pos, end)
                 pos = end
@@ -133,13 +132,6 @@ class FromUpstream:
             pos = end
         inbound.need = 7
         return pos
-
-    def _ack_as_is(self, tracker: ConfirmTracker, tag: int, multiple: bool) -> bool:
-        """Record an upstream ack that may go to the client as it came
-        (:meth:`ConfirmTracker.ack_one` / :meth:`~ConfirmTracker.ack_upto`)."""
-        conn = self.conn
-        blocked = None if conn.hub.calm else conn.route_blocked
-        return tracker.ack_upto(tag, blocked) if multiple else tracker.ack_one(tag, blocked)
 
     def _frame(  # noqa: PLR0917 - the hot loop's locals, positionally
         self,
