@@ -12,6 +12,10 @@ Fixtures
     A private node (own node name, ports, data dir, config; see
     :class:`rabbitflow_broker.rabbitmq_node.RabbitMQNode`) for tests that
     stop, restart or alarm a broker.  Management plugin enabled.
+``gateway_url`` (function)
+    The AMQP URL of a gateway, its own ``rabbitflow-broker`` process in
+    front of ``broker`` as an operator runs it.  Its log is printed when the
+    fixture ends, so a failing test shows what the gateway did.
 ``unique_name`` (function)
     A factory of unique queue/exchange names; ``cleanup_queues`` deletes
     the queues a test registered on the shared broker.
@@ -21,9 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pika
 import pytest
@@ -32,8 +39,10 @@ from rabbitflow_broker.rabbitmq_node import (
     NodeError,
     RabbitMQNode,
     amqp_handshake_ok,
+    free_port,
     host_port,
     rabbitmq_available,
+    wait_for_amqp,
 )
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -115,6 +124,43 @@ def throwaway_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broke
         yield Broker(node.url, node.management_url, node)
     finally:
         node.close()
+
+
+@pytest.fixture
+def gateway_url(broker: Broker, tmp_path: Path) -> Iterator[str]:
+    """The AMQP URL of a gateway (its own process) in front of ``broker``."""
+    if broker.management_url is None:
+        pytest.skip("the gateway needs the management API")
+    port = free_port()
+    log_path = tmp_path / "gateway.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rabbitflow_broker.cli",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{free_port()}",
+                "--upstream",
+                broker.url,
+                "--management-url",
+                broker.management_url,
+                "--state-file",
+                str(tmp_path / "gateway-state.json"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        try:
+            wait_for_amqp("127.0.0.1", port, 30)
+            yield f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+        finally:
+            process.terminate()
+            process.wait(10)
+            # Captured by pytest and shown only for a test that failed.
+            sys.stderr.write(f"--- gateway log ({log_path}) ---\n{log_path.read_text()}")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 import rabbitflow
 
 from ..conftest import Broker
-from ._support import CLIENT_LOGGER, drain, numbers, wait_until
+from ._support import CLIENT_LOGGER, QueueCollector, drain, numbers, wait_until
 
 _WAIT_EVENTS = {"send_delayed", "send_failed"}
 
@@ -89,19 +89,21 @@ def test_a_flowed_channel_raises_at_once_and_enqueues_nothing(
             "Unable to send message for 0 seconds due to broker enforced flow control"
         )
         assert producer.flow_state == "flowed"
-        # Everything accepted reaches RabbitMQ; the refused message does not.
-        wait_until(lambda: _ready(broker, name) >= sent, 30, f"{sent} messages in the queue")
-        assert numbers(drain(broker.url, name)) == list(range(1, sent + 1))
-        wait_until(lambda: producer.flow_state == "open", 30, "the gateway to unflow the channel")
-        wait_until(lambda: producer.unconfirmed_count == 0, 30, "every confirm")
+        # The producer honours the flow: a message accepted just before the
+        # flow arrived waits in it, unpublished, until the gateway unflows the
+        # channel.  A consumer empties the queue, the gateway learns the depth
+        # from RabbitMQ and unflows; then every accepted message is confirmed.
+        collector = QueueCollector(broker.url, name).start()
+        try:
+            wait_until(
+                lambda: producer.flow_state == "open", 30, "the gateway to unflow the channel"
+            )
+            wait_until(lambda: producer.unconfirmed_count == 0, 30, "every confirm")
+            wait_until(lambda: collector.count >= sent, 30, f"{sent} messages consumed")
+        finally:
+            bodies = collector.stop()
+        # Everything accepted reached RabbitMQ once, in order; the refused message did not.
+        assert numbers(bodies + drain(broker.url, name)) == list(range(1, sent + 1))
         producer.close()
     assert [r.__dict__["flow_event"] for r in _wait_records(caplog)] == ["send_failed"]
     assert 10 <= sent <= 15, "the queue stops at its threshold, plus at most one window"
-
-
-def _ready(broker: Broker, name: str) -> int:
-    connection = broker.blocking_connection()
-    try:
-        return int(connection.channel().queue_declare(name, passive=True).method.message_count)
-    finally:
-        connection.close()

@@ -4,52 +4,12 @@ depth stays within stop threshold + capacity, and the unflow resumes it."""
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pika
 import pytest
 
 import rabbitflow
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
-
-from ..conftest import Broker
-
-
-@pytest.fixture
-def gateway_url(broker: Broker, tmp_path: Path) -> Iterator[str]:
-    if broker.management_url is None:
-        pytest.skip("the gateway needs the management API")
-    port = free_port()
-    log = (tmp_path / "gateway.log").open("w")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rabbitflow_broker.cli",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--admin-listen",
-            f"127.0.0.1:{free_port()}",
-            "--upstream",
-            broker.url,
-            "--management-url",
-            broker.management_url,
-            "--state-file",
-            str(tmp_path / "gateway-state.json"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
-    try:
-        wait_for_amqp("127.0.0.1", port, 30)
-        yield f"amqp://guest:guest@127.0.0.1:{port}/%2F"
-    finally:
-        process.terminate()
-        process.wait(10)
-        log.close()
 
 
 def test_channel_flow_holds_send_until_the_queue_drains(
@@ -93,7 +53,7 @@ def test_channel_flow_holds_send_until_the_queue_drains(
 
         consumer = admin.create_consumer(queue)
         connection.start()
-        received = []
+        received: list[int] = []
         while len(received) < sent:
             message = consumer.receive(timeout=10)
             assert isinstance(message, rabbitflow.TextMessage), f"got {received}"
