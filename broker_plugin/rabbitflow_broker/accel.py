@@ -45,6 +45,7 @@ MODULES: Final = (
     "engine",
     "engine_channel",
     "engine_flow",
+    "engine_frames",
     "engine_io",
     "engine_pause",
     "engine_upstream",

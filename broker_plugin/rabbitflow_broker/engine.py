@@ -27,12 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from rabbitflow_broker import amqp, engine_pause
+from rabbitflow_broker import amqp, engine_frames, engine_pause
 from rabbitflow_broker.amqp import (
-    CONTENT_METHODS,
     content_properties,
-    decode_args,
-    text,
     u16,
     u32,
     u64,
@@ -47,7 +44,7 @@ from rabbitflow_broker.engine_flow import (
 from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Inbound, Out, content_unit
 from rabbitflow_broker.engine_upstream import FromUpstream
 from rabbitflow_broker.events import ConnectionClosed, Event
-from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, UNEXPECTED_FRAME, FrameError
+from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, FrameError
 
 __all__ = [
     "PAUSE_BYTES",
@@ -68,9 +65,6 @@ PRE_LOGIN_BUFFER: Final = 64 * 1024
 CLOSE_GRACE_S: Final = 1.0
 
 _METHOD: Final = 1
-_HEADER: Final = 2
-_BODY: Final = 3
-_HEARTBEAT: Final = 8
 _CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
 # What a scan of the pending buffer left (Engine._scan_pending).
 _USED: Final = 0
@@ -469,7 +463,9 @@ class Engine(Connection):
                         # be acted on by RabbitMQ before the body either).
                         inbound.need = -unit_end - pos
                         return pos
-            keep = self._client_frame(buf, pos, end, kind=kind, number=number, channel=channel)
+            keep = engine_frames.client_frame(
+                self, buf, pos, end, kind=kind, number=number, channel=channel
+            )
             if self._passthrough:
                 return pos
             if self._closing_at is not None:  # closed meanwhile: the rest goes nowhere
@@ -510,81 +506,6 @@ class Engine(Connection):
     @staticmethod
     def _mid_content(inbound: Inbound, number: int) -> bool:
         return number in inbound.expect_header or number in inbound.remaining
-
-    def _client_frame(
-        self,
-        buf: bytes,
-        pos: int,
-        end: int,
-        *,
-        kind: int,
-        number: int,
-        channel: Channel | None,
-    ) -> bool:
-        """One client frame; True to forward it."""
-        inbound = self._client
-        if kind == _BODY:
-            remaining = inbound.remaining.get(number)
-            if remaining is None or number == 0:
-                return self._refuse(UNEXPECTED_FRAME, f"body frame on channel {number}")
-            remaining -= end - pos - 8
-            if remaining > 0:
-                inbound.remaining[number] = remaining
-            else:
-                del inbound.remaining[number]
-                if remaining < 0:
-                    return self._refuse(FRAME_ERROR, "body longer than its header announced")
-            return channel is None or channel.keep_content()
-        if kind == _HEADER:
-            if number not in inbound.expect_header:
-                return self._refuse(UNEXPECTED_FRAME, f"content header on channel {number}")
-            inbound.expect_header.discard(number)
-            try:
-                info = content_properties(buf, pos + 7, end - 1)
-            except FrameError as exc:
-                return self._refuse(exc.code, exc.text)
-            if info.body_size:
-                inbound.remaining[number] = info.body_size
-            if channel is not None and channel.publish is not None:
-                channel.published(info)
-            return channel is None or channel.keep_content()
-        if kind == _HEARTBEAT:
-            return True if number == 0 else self._refuse(FRAME_ERROR, "heartbeat on a channel")
-        if kind != _METHOD or end - pos < 12:
-            return self._refuse(FRAME_ERROR, f"bad frame of type {kind} and size {end - pos - 8}")
-        method = u32(buf, pos + 7)
-        if number in inbound.expect_header or number in inbound.remaining:
-            return self._refuse(UNEXPECTED_FRAME, f"method frame on channel {number} mid-content")
-        if method in CONTENT_METHODS:
-            inbound.expect_header.add(number)
-        payload = bytes(buf[pos + 7 : end - 1])
-        try:
-            if number == 0:
-                return self._connection_method(method, payload)
-            if channel is None:
-                if method != amqp.CHANNEL_OPEN:
-                    return self._refuse(amqp.CHANNEL_ERROR, "expected 'channel.open'")
-                self.channels[number] = Channel(self, number)
-                return True
-            return channel.client_method(method, payload)
-        except FrameError as exc:
-            return self._refuse(exc.code, exc.text)
-
-    def _connection_method(self, method: int, payload: bytes) -> bool:
-        if method == amqp.CONNECTION_START_OK:
-            self.user, self._blocked_capable = amqp.start_ok_user(payload)
-        elif method == amqp.CONNECTION_TUNE_OK:
-            frame_max = int(decode_args(method, payload)[1])  # type: ignore[call-overload]
-            limit = frame_max or 1 << 31
-            self._client.max_frame = limit
-            self._upstream.max_frame = limit
-            self._tuned = True
-        elif method == amqp.CONNECTION_OPEN:
-            self.vhost = text(decode_args(method, payload)[0]) or "/"
-            self.route_blocked = self.hub.route_blocker(self.vhost)
-        elif method >> 16 != 10:
-            return self._refuse(amqp.CHANNEL_ERROR, f"{amqp.method_name(method)} on channel 0")
-        return True
 
     def _refuse(self, code: int, reason: str) -> bool:
         """A frame the gateway cannot follow.  Once the connection is open,
