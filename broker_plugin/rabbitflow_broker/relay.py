@@ -5,7 +5,8 @@ upstream connection (TLS when asked), feeds every read of either socket to
 its :class:`~rabbitflow_broker.engine.Engine` with the clock, and carries out
 the :class:`~rabbitflow_broker.engine.Actions` the engine returns: one write
 per side, events to the gateway's sink, pausing or resuming reads, one timer,
-closing.  All AMQP decisions are the engine's.
+closing.  All AMQP decisions are the engine's.  After client reads the loop
+gives the CPU away once (:mod:`~rabbitflow_broker.cpu_yield`).
 
 TCP back-pressure passes through: while one side's transport buffers more
 than :data:`WRITE_HIGH_WATER` bytes, the other side is not read.  When the
@@ -24,6 +25,7 @@ from typing import cast
 
 import structlog
 
+from rabbitflow_broker.cpu_yield import cpu_yield
 from rabbitflow_broker.engine import Actions, Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
@@ -109,6 +111,7 @@ class Relay(EngineViews, asyncio.Protocol):
         """Bytes from the client."""
         if not self._closing:
             self._perform(self.engine.receive_client(data, self._now()))
+            cpu_yield.after_read(asyncio.get_running_loop())
 
     def eof_received(self) -> bool | None:
         """The client closed its side: end the relay."""
