@@ -16,7 +16,11 @@ routing, depth tracking, confirm bookkeeping) for each workload:
 * ``confirm 4KiB reads``: 4 KiB publishes on a confirm channel as a
   windowed pika publisher's socket delivers them here (reads of 20-34 KB cut
   at any byte, so most reads end inside a message), and RabbitMQ's
-  ``multiple`` acks, 2-5 messages each, a few per read.
+  ``multiple`` acks, 2-5 messages each, a few per read;
+* ``confirm 256B reads``: the same with 256-byte bodies as a gateway on a
+  2-core machine reads them from a window-100 publisher (``strace``: reads of
+  0.9-3.6 KB, about 8 messages, most ending inside a message) and one
+  ``multiple`` ack of 8-20 messages per upstream read.
 
 Printed: microseconds per message for each.  Unlike ``gateway_overhead.py``
 the figure does not depend on what else the machine runs (the other
@@ -137,7 +141,12 @@ def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]
             chunks.append((True, b"".join(acks)))
     elif name == "confirm 4KiB reads":
         _setup(relay, confirm=True, consume=False)
-        chunks.extend(_socket_reads(messages))
+        chunks.extend(_socket_reads(messages, 4096, (20_000, 34_000), (2, 5), ack_after=4))
+    elif name == "confirm 256B reads":
+        _setup(relay, confirm=True, consume=False)
+        chunks.extend(
+            _socket_reads(messages, 256, (900, 3_600), (8, 20), ack_after=20, acks_per_read=1)
+        )
     else:
         raise ValueError(name)
 
@@ -151,29 +160,48 @@ def _workload(name: str, messages: int) -> tuple[Callable[[], None], list[bytes]
     return run, [data for _, data in chunks]
 
 
-def _socket_reads(messages: int) -> list[tuple[bool, bytes]]:
-    """Client reads cut at random bytes, each followed by the multiple acks
-    RabbitMQ would have sent by then (a fixed seed: the same every run)."""
+def _socket_reads(
+    messages: int,
+    size: int,
+    read_bytes: tuple[int, int],
+    ack_messages: tuple[int, int],
+    *,
+    ack_after: int,
+    acks_per_read: int | None = None,
+) -> list[tuple[bool, bytes]]:
+    """Client reads of ``read_bytes`` cut at random bytes, each followed by
+    the multiple acks (of ``ack_messages`` messages each, once ``ack_after``
+    are unacknowledged; at most ``acks_per_read``) that RabbitMQ would have
+    sent by then (a fixed seed: the same every run)."""
     rnd = random.Random(1)
-    one = _content(1, commands.Basic.Publish(exchange="", routing_key=QUEUE), b"x" * 4096)
+    one = _content(1, commands.Basic.Publish(exchange="", routing_key=QUEUE), b"x" * size)
     stream = one * messages
     reads: list[tuple[bool, bytes]] = []
     pos = acked = 0
     while pos < len(stream):
-        cut = min(len(stream), pos + rnd.randint(20_000, 34_000))
+        cut = min(len(stream), pos + rnd.randint(*read_bytes))
         reads.append((True, stream[pos:cut]))
         pos = cut
         sent = cut // len(one)
         acks = []
-        while acked + 4 <= sent or (cut == len(stream) and acked < sent):
-            acked = min(sent, acked + rnd.randint(2, 5))
+        last = cut == len(stream)
+        while (
+            acked + ack_after <= sent and (acks_per_read is None or len(acks) < acks_per_read)
+        ) or (last and acked < sent):
+            acked = min(sent, acked + rnd.randint(*ack_messages))
             acks.append(_frame(1, commands.Basic.Ack(delivery_tag=acked, multiple=True)))
         if acks:
             reads.append((False, b"".join(acks)))
     return reads
 
 
-WORKLOADS = ("publish 256B", "publish+confirm 256B", "deliver+ack 256B", "confirm 4KiB reads")
+WORKLOADS = (
+    "publish 256B",
+    "publish+confirm 256B",
+    "deliver+ack 256B",
+    "confirm 4KiB reads",
+    "confirm 256B reads",
+)
 
 
 def main() -> int:

@@ -41,6 +41,7 @@ __all__ = [
 MODULES: Final = (
     "amqp",
     "confirms",
+    "cpu_yield",
     "depth",
     "engine",
     "engine_channel",
@@ -53,6 +54,7 @@ MODULES: Final = (
     "gateway_store",
     "gateway_views",
     "mirror",
+    "relay_pump",
     "routing",
     "routing_exchange",
     "routing_match",

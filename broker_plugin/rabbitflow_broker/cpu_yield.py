@@ -18,11 +18,17 @@ bytes went on before the yield.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["CpuYield", "cpu_yield"]
+__all__ = ["CpuYield", "Loop", "cpu_yield"]
+
+
+class Loop(Protocol):
+    """What the yielder needs of an event loop."""
+
+    def call_soon(self, callback: Callable[[], object]) -> object: ...
 
 
 class CpuYield:
@@ -30,13 +36,13 @@ class CpuYield:
 
     def __init__(self, give_away: Callable[[], None] | None = None) -> None:
         self._give_away = give_away or getattr(os, "sched_yield", None)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: Loop | None = None
         self._pending = False
         self.yields = 0  # how many times the CPU was given away
 
-    def after_read(self, loop: asyncio.AbstractEventLoop) -> None:
+    def after_read(self, loop: Loop | None) -> None:
         """A client read was handled on ``loop``: yield on its next turn."""
-        if self._give_away is None or (self._pending and self._loop is loop):
+        if loop is None or self._give_away is None or (self._pending and self._loop is loop):
             return
         self._loop, self._pending = loop, True
         loop.call_soon(self._run)

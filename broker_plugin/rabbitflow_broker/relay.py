@@ -25,12 +25,12 @@ from typing import cast
 
 import structlog
 
-from rabbitflow_broker.cpu_yield import cpu_yield
-from rabbitflow_broker.engine import Actions, Engine, EngineSettings
+from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.refresher import Refresher
+from rabbitflow_broker.relay_pump import Pump
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
@@ -74,13 +74,13 @@ class Relay(EngineViews, asyncio.Protocol):
             handshake_timeout=handshake / 1000 if handshake else None,
         )
         self.engine = Engine(gateway, number=self.number, settings=settings)
+        self._pump = Pump(self.engine, gateway, self)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
-        self._deadline: float | None = None  # what _timer is set for
         self._closing = False
         self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -91,27 +91,26 @@ class Relay(EngineViews, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """A client connected: open the upstream connection (or refuse at once)."""
-        client = self._client = cast(asyncio.Transport, transport)
+        client = self._client = self._pump.client = cast(asyncio.Transport, transport)
         host, port = (client.get_extra_info("peername") or ("?", 0))[:2]
         self.engine.remote_host, self.engine.remote_port = str(host), int(port)
         self._log = _log.bind(connection=self.number, remote=f"{host}:{port}")
         client.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
-        loop = asyncio.get_running_loop()
+        # Kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11.
+        loop = self._pump.loop = asyncio.get_running_loop()
         self._closed = loop.create_future()
         self.gateway.register(self)
-        self._perform(self.engine.start(self._now()))
+        self._pump.perform(self.engine.start(self._now()))
         if self.gateway.ready_error is not None:
             self._lost.add("upstream")
-            self._perform(self.engine.upstream_failed(self._now(), self.gateway.ready_error))
+            self._pump.perform(self.engine.upstream_failed(self._now(), self.gateway.ready_error))
             return
         self._pause("connecting")
         self._task = loop.create_task(self._open_upstream(), name=f"relay-{self.number}-connect")
 
     def data_received(self, data: bytes) -> None:
         """Bytes from the client."""
-        if not self._closing:
-            self._perform(self.engine.receive_client(data, self._now()))
-            cpu_yield.after_read(asyncio.get_running_loop())
+        self._pump.client_data(data)
 
     def eof_received(self) -> bool | None:
         """The client closed its side: end the relay."""
@@ -159,56 +158,36 @@ class Relay(EngineViews, asyncio.Protocol):
                 self._log.warning("upstream unreachable", error=str(exc))
                 cause = f"upstream unreachable: {exc}"
             self._lost.add("upstream")
-            self._perform(self.engine.upstream_failed(self._now(), cause))
+            self._pump.perform(self.engine.upstream_failed(self._now(), cause))
             self._finish_if_done()
             return
         if self._closing:  # the client left meanwhile
             transport.close()
             return
-        self._perform(self.engine.upstream_connected(self._now()))
+        self._pump.perform(self.engine.upstream_connected(self._now()))
         self._resume("connecting")
 
     def _upstream_made(self, transport: asyncio.Transport) -> None:
-        self._upstream = transport
+        self._upstream = self._pump.upstream = transport
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
-
-    def _upstream_data(self, data: bytes) -> None:
-        if not self._closing:
-            self._perform(self.engine.receive_upstream(data, self._now()))
 
     # -- carrying out actions --------------------------------------------------------
 
     def _now(self) -> float:
         return self.gateway.monotonic()
 
-    def _perform(self, actions: Actions) -> None:
-        upstream, client = self._upstream, self._client
-        if actions.to_upstream and upstream is not None and not upstream.is_closing():
-            parts = actions.to_upstream
-            upstream.write(parts[0] if len(parts) == 1 else b"".join(parts))
-        if actions.to_client and client is not None and not client.is_closing():
-            parts = actions.to_client
-            client.write(parts[0] if len(parts) == 1 else b"".join(parts))
-        for event in actions.events:
-            self.gateway.emit(event)
-        if actions.close:
-            self.abort()
-            return
-        if actions.read_client != ("engine" not in self._paused):
-            (self._resume if actions.read_client else self._pause)("engine")
-        if actions.timer != self._deadline:
-            self._deadline = actions.timer
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if actions.timer is not None:
-                delay = max(0.0, actions.timer - self._now())
-                self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+    def read_client(self, reading: bool) -> None:
+        """The engine wants the client read or not (:class:`Owner`)."""
+        (self._resume if reading else self._pause)("engine")
 
-    def _tick(self) -> None:
-        self._timer = self._deadline = None
-        if not self._closing:
-            self._perform(self.engine.tick(self._now()))
+    def set_timer(self, deadline: float | None) -> None:
+        """Call the engine's tick at ``deadline`` (:class:`Owner`)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            delay = max(0.0, deadline - self._now())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._pump.tick)
 
     @property
     def vhost(self) -> str:
@@ -219,7 +198,7 @@ class Relay(EngineViews, asyncio.Protocol):
         """Blocking changed for this connection: re-check its held confirms
         and flowed channels (called by :class:`Refresher`, outside any change)."""
         if not self._closing:
-            self._perform(self.engine.refresh(self._now()))
+            self._pump.perform(self.engine.refresh(self._now()))
 
     def _pause(self, reason: str) -> None:
         first = not self._paused
@@ -247,7 +226,7 @@ class Relay(EngineViews, asyncio.Protocol):
         while self.engine.in_flight and not self._closing and loop.time() < deadline:
             await asyncio.sleep(0.05)
         if not self._closing:
-            self._perform(self.engine.shutdown(self._now(), text))
+            self._pump.perform(self.engine.shutdown(self._now(), text))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait_closed(), 2 * _HARD_CLOSE_S)
         self.abort()
@@ -255,7 +234,7 @@ class Relay(EngineViews, asyncio.Protocol):
     def abort(self) -> None:
         """Close both sockets (buffered bytes are still flushed, for a while)."""
         if not self._closing:
-            self._closing = True
+            self._closing = self._pump.closing = True
             if self._timer is not None:
                 self._timer.cancel()
             with contextlib.suppress(RuntimeError):
@@ -308,7 +287,7 @@ class _Upstream(asyncio.Protocol):
         self._relay._upstream_made(cast(asyncio.Transport, transport))
 
     def data_received(self, data: bytes) -> None:
-        self._relay._upstream_data(data)
+        self._relay._pump.upstream_data(data)
 
     def eof_received(self) -> bool | None:
         self._relay.abort()

@@ -1,0 +1,103 @@
+"""The hot path of a relayed connection: a read in, the engine's actions out.
+
+:class:`Pump` is the part of the asyncio driver (:mod:`~rabbitflow_broker.relay`)
+that runs for every read: it hands the bytes to the
+:class:`~rabbitflow_broker.engine.Engine` with the clock and carries out the
+:class:`~rabbitflow_broker.engine_io.Actions` that come back (one write per
+side, events to the gateway's sink).  What happens rarely (pausing the
+client, the timer, closing) it passes to its :class:`Owner`, the relay.  It
+is compiled with the engine (:mod:`~rabbitflow_broker.accel`), so a read costs
+no interpreted Python between the event loop and the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rabbitflow_broker.cpu_yield import Loop, cpu_yield
+from rabbitflow_broker.engine import Engine
+from rabbitflow_broker.engine_io import Actions
+from rabbitflow_broker.gateway import Gateway
+
+__all__ = ["Owner", "Pump", "Transport"]
+
+
+class Transport(Protocol):
+    """What the pump needs of a socket transport."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
+class Owner(Protocol):
+    """The driver that owns the sockets, the timer and the lifecycle."""
+
+    def abort(self) -> None:
+        """Close both sockets (after flushing what was written)."""
+
+    def read_client(self, reading: bool) -> None:
+        """The engine wants the client read (True) or not (False)."""
+
+    def set_timer(self, deadline: float | None) -> None:
+        """Call :meth:`Pump.tick` at monotonic time ``deadline`` (None: never)."""
+
+
+class Pump:
+    """Feeds one connection's reads to its engine and carries out the actions."""
+
+    def __init__(self, engine: Engine, gateway: Gateway, owner: Owner) -> None:
+        self.engine = engine
+        self.gateway = gateway
+        self.owner = owner
+        self.client: Transport | None = None
+        self.upstream: Transport | None = None
+        #: The event loop (for the yield after client reads); set when connected.
+        self.loop: Loop | None = None
+        #: Set once the relay closes: reads are then ignored.
+        self.closing = False
+        self._reading = True  # what the engine last asked for the client
+        self._deadline: float | None = None  # the timer last asked for
+
+    def client_data(self, data: bytes) -> None:
+        """Bytes from the client."""
+        if not self.closing:
+            self.perform(self.engine.receive_client(data, self.gateway.monotonic()))
+            cpu_yield.after_read(self.loop)
+
+    def upstream_data(self, data: bytes) -> None:
+        """Bytes from RabbitMQ."""
+        if not self.closing:
+            self.perform(self.engine.receive_upstream(data, self.gateway.monotonic()))
+
+    def tick(self) -> None:
+        """The timer fired."""
+        self._deadline = None
+        if not self.closing:
+            self.perform(self.engine.tick(self.gateway.monotonic()))
+
+    def perform(self, actions: Actions) -> None:
+        """Carry out ``actions`` in their order: writes, events, close, reading, timer."""
+        parts = actions.to_upstream
+        if parts:
+            upstream = self.upstream
+            if upstream is not None and not upstream.is_closing():
+                upstream.write(parts[0] if len(parts) == 1 else b"".join(parts))
+        parts = actions.to_client
+        if parts:
+            client = self.client
+            if client is not None and not client.is_closing():
+                client.write(parts[0] if len(parts) == 1 else b"".join(parts))
+        if actions.events:
+            gateway = self.gateway
+            for event in actions.events:
+                gateway.emit(event)
+        if actions.close:
+            self.owner.abort()
+            return
+        if actions.read_client != self._reading:
+            self._reading = actions.read_client
+            self.owner.read_client(actions.read_client)
+        if actions.timer != self._deadline:
+            self._deadline = actions.timer
+            self.owner.set_timer(actions.timer)

@@ -1,0 +1,100 @@
+"""The relay's hot path: reads into the engine, the engine's actions out."""
+
+from __future__ import annotations
+
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.engine import Engine, EngineSettings
+from rabbitflow_broker.engine_io import Actions
+from rabbitflow_broker.frames import PROTOCOL_HEADER
+from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.relay_pump import Pump
+from tests.broker.fakes import FakeWriter
+
+
+class _Owner:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def abort(self) -> None:
+        self.calls.append(("abort", None))
+
+    def read_client(self, reading: bool) -> None:
+        self.calls.append(("read_client", reading))
+
+    def set_timer(self, deadline: float | None) -> None:
+        self.calls.append(("set_timer", deadline))
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.soon = 0
+
+    def call_soon(self, callback: object) -> object:
+        self.soon += 1
+        return None
+
+
+def _pump(clock: list[float]) -> tuple[Pump, _Owner, FakeWriter, FakeWriter, list[object]]:
+    events: list[object] = []
+    gateway = Gateway(GatewayConfig(), sink=events.append, monotonic=lambda: clock[0])
+    engine = Engine(gateway, number=1, settings=EngineSettings(handshake_timeout=10.0))
+    owner = _Owner()
+    pump = Pump(engine, gateway, owner)
+    client, upstream = FakeWriter(), FakeWriter()
+    pump.client, pump.upstream = client, upstream
+    return pump, owner, client, upstream, events
+
+
+def test_a_read_goes_through_the_engine_in_one_write_and_asks_for_one_yield() -> None:
+    clock = [100.0]
+    pump, owner, client, upstream, _ = _pump(clock)
+    loop = pump.loop = _Loop()
+    pump.perform(pump.engine.start(clock[0]))
+    assert owner.calls == [("set_timer", 110.0)]  # the handshake deadline, from the clock
+    pump.perform(pump.engine.upstream_connected(clock[0]))
+    assert owner.calls == [("set_timer", 110.0)]  # the same deadline is not set again
+    pump.client_data(PROTOCOL_HEADER[:5])
+    pump.client_data(PROTOCOL_HEADER[5:])
+    assert bytes(upstream.data) == PROTOCOL_HEADER
+    assert client.data == b""
+    assert loop.soon == 1  # one yield for the turn, however many reads
+
+
+def test_the_timer_fires_into_the_engine_and_a_close_stops_there() -> None:
+    clock = [0.0]
+    pump, owner, client, upstream, _ = _pump(clock)
+    pump.perform(pump.engine.start(clock[0]))
+    pump.perform(pump.engine.upstream_connected(clock[0]))
+    owner.calls.clear()
+    clock[0] = 10.5  # past the handshake timeout
+    pump.tick()
+    assert b"handshake timeout" in bytes(client.data)  # Connection.Close to the client
+    assert ("read_client", False) in owner.calls  # nothing more is read meanwhile
+    assert upstream.data == b""
+
+
+def test_actions_are_carried_out_in_order_and_a_close_ends_them() -> None:
+    pump, owner, client, upstream, events = _pump([0.0])
+    actions = Actions()
+    actions.to_upstream += [b"a", b"b"]
+    actions.to_client += [b"c"]
+    actions.close = True
+    actions.read_client = False
+    actions.timer = 5.0
+    pump.perform(actions)
+    assert (bytes(upstream.data), bytes(client.data)) == (b"ab", b"c")
+    assert owner.calls == [("abort", None)]  # neither reading nor the timer after a close
+
+
+def test_nothing_is_written_to_a_closing_transport_and_reads_after_close_are_ignored() -> None:
+    pump, owner, client, upstream, _ = _pump([0.0])
+    upstream.closed = True
+    actions = Actions()
+    actions.to_upstream.append(b"late")
+    pump.perform(actions)
+    assert upstream.data == b""
+    pump.closing = True
+    pump.client_data(PROTOCOL_HEADER)
+    pump.upstream_data(b"\x01\x00\x00")
+    pump.tick()
+    assert (upstream.data, client.data, owner.calls) == (b"", b"", [])
