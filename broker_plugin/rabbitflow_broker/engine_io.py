@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, TypeAlias
 
 from mypy_extensions import trait
 
@@ -93,6 +93,14 @@ class EngineSettings:
     handshake_timeout: float | None = 10.0
 
 
+#: Bytes to write: a run of a read longer than :data:`VIEW_MIN` is a view of
+#: it (the driver writes several chunks with one ``writelines``, so a large
+#: read is never copied to be forwarded).
+Chunk: TypeAlias = "bytes | memoryview"
+#: From this length a forwarded run is passed on as a view, not copied.
+VIEW_MIN: Final = 1024
+
+
 class Actions:
     """What the driver must do after a call into the engine, in this order.
 
@@ -102,8 +110,8 @@ class Actions:
     __slots__ = ("close", "events", "read_client", "timer", "to_client", "to_upstream")
 
     def __init__(self) -> None:
-        self.to_upstream: list[bytes] = []
-        self.to_client: list[bytes] = []
+        self.to_upstream: list[Chunk] = []
+        self.to_client: list[Chunk] = []
         self.events: list[Event] = []
         self.read_client = True
         self.timer: float | None = None  # monotonic time to call tick() at
@@ -137,12 +145,12 @@ class Out:
 
     __slots__ = ("buf", "end", "parts", "start")
 
-    def __init__(self, parts: list[bytes]) -> None:
+    def __init__(self, parts: list[Chunk]) -> None:
         self.parts = parts
         self.buf: bytes | None = None
         self.start = self.end = 0
 
-    def collect(self, parts: list[bytes]) -> None:
+    def collect(self, parts: list[Chunk]) -> None:
         """Collect into ``parts`` from now on (a new call into the engine)."""
         self.parts = parts
         self.buf = None
@@ -157,8 +165,13 @@ class Out:
     def flush(self) -> None:
         buf = self.buf
         if buf is not None:
-            whole = self.start == 0 and self.end == len(buf)
-            self.parts.append(buf if whole else buf[self.start : self.end])
+            start, end = self.start, self.end
+            if start == 0 and end == len(buf):
+                self.parts.append(buf)
+            elif end - start >= VIEW_MIN:
+                self.parts.append(memoryview(buf)[start:end])
+            else:
+                self.parts.append(buf[start:end])
             self.buf = None
 
     def add(self, frame: bytes) -> None:

@@ -12,6 +12,7 @@ no interpreted Python between the event loop and the engine.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 from rabbitflow_broker.cpu_yield import Loop, cpu_yield
@@ -25,7 +26,9 @@ __all__ = ["Owner", "Pump", "Transport"]
 class Transport(Protocol):
     """What the pump needs of a socket transport."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | memoryview) -> None: ...
+
+    def writelines(self, list_of_data: Iterable[bytes | memoryview]) -> None: ...
 
     def is_closing(self) -> bool: ...
 
@@ -78,16 +81,24 @@ class Pump:
 
     def perform(self, actions: Actions) -> None:
         """Carry out ``actions`` in their order: writes, events, close, reading, timer."""
+        # Several chunks go in one writelines: uvloop sends them with one
+        # writev, without joining (copying) them first.
         parts = actions.to_upstream
         if parts:
             upstream = self.upstream
             if upstream is not None and not upstream.is_closing():
-                upstream.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                if len(parts) == 1:
+                    upstream.write(parts[0])
+                else:
+                    upstream.writelines(parts)
         parts = actions.to_client
         if parts:
             client = self.client
             if client is not None and not client.is_closing():
-                client.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                if len(parts) == 1:
+                    client.write(parts[0])
+                else:
+                    client.writelines(parts)
         if actions.events:
             gateway = self.gateway
             for event in actions.events:

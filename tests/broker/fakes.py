@@ -23,8 +23,12 @@ class FakeWriter:
         self.data = bytearray()
         self.closed = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.data += data
+
+    def writelines(self, list_of_data: Iterable[bytes | memoryview]) -> None:
+        for data in list_of_data:
+            self.data += data
 
     async def drain(self) -> None:
         return None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.engine import Engine, EngineSettings
-from rabbitflow_broker.engine_io import Actions
+from rabbitflow_broker.engine_io import VIEW_MIN, Actions, Chunk, Out
 from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay_pump import Pump
@@ -74,7 +76,7 @@ def test_the_timer_fires_into_the_engine_and_a_close_stops_there() -> None:
 
 
 def test_actions_are_carried_out_in_order_and_a_close_ends_them() -> None:
-    pump, owner, client, upstream, events = _pump([0.0])
+    pump, owner, client, upstream, _events = _pump([0.0])
     actions = Actions()
     actions.to_upstream += [b"a", b"b"]
     actions.to_client += [b"c"]
@@ -98,3 +100,48 @@ def test_nothing_is_written_to_a_closing_transport_and_reads_after_close_are_ign
     pump.upstream_data(b"\x01\x00\x00")
     pump.tick()
     assert (upstream.data, client.data, owner.calls) == (b"", b"", [])
+
+
+class _CountingWriter(FakeWriter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.calls.append("write")
+        super().write(data)
+
+    def writelines(self, list_of_data: Iterable[bytes | memoryview]) -> None:
+        self.calls.append("writelines")
+        super().writelines(list_of_data)
+
+
+def test_several_chunks_go_in_one_writelines_and_one_chunk_in_one_write() -> None:
+    pump, _owner, _client, _, _ = _pump([0.0])
+    upstream = _CountingWriter()
+    pump.upstream = upstream
+    actions = Actions()
+    actions.to_upstream += [b"a", memoryview(b"xyz")[1:]]
+    pump.perform(actions)
+    actions = Actions()
+    actions.to_upstream.append(b"!")
+    pump.perform(actions)
+    assert upstream.calls == ["writelines", "write"]
+    assert bytes(upstream.data) == b"ayz!"
+
+
+def test_long_runs_of_a_read_are_forwarded_as_views_short_ones_copied() -> None:
+    parts: list[Chunk] = []
+    out = Out(parts)
+    read = bytes(range(256)) * 20
+    out.keep(read, 0, 100)
+    out.add(b"own frame")
+    out.keep(read, 100, 100 + VIEW_MIN)
+    out.add(b"own frame")
+    out.keep(read, 0, len(read))
+    out.flush()
+    assert [type(part) for part in parts] == [bytes, bytes, memoryview, bytes, bytes]
+    assert parts[4] is read  # a whole read goes on as it came
+    assert b"".join(parts) == read[:100] + b"own frame" + read[100 : 100 + VIEW_MIN] + (
+        b"own frame" + read
+    )
