@@ -1,12 +1,15 @@
 """The asyncio driver of one relayed connection.
 
 :class:`Relay` is the protocol of an accepted client socket.  It opens the
-upstream connection (TLS when asked), feeds every read of either socket to
-its :class:`~rabbitflow_broker.engine.Engine` with the clock, and carries out
-the :class:`~rabbitflow_broker.engine.Actions` the engine returns: one write
-per side, events to the gateway's sink, pausing or resuming reads, one timer,
-closing.  All AMQP decisions are the engine's.  After client reads the loop
-gives the CPU away once (:mod:`~rabbitflow_broker.cpu_yield`).
+upstream connection (TLS when asked); its
+:class:`~rabbitflow_broker.relay_pump.Pump` (compiled with the engine) feeds
+every read of either socket to the connection's
+:class:`~rabbitflow_broker.engine.Engine` with the clock and carries out the
+:class:`~rabbitflow_broker.engine.Actions` the engine returns: one write per
+side, events to the gateway's sink; the relay itself pauses or resumes
+reads, keeps the one timer and closes.  All AMQP decisions are the
+engine's.  After client reads the loop gives the CPU away once
+(:mod:`~rabbitflow_broker.cpu_yield`).
 
 TCP back-pressure passes through: while one side's transport buffers more
 than :data:`WRITE_HIGH_WATER` bytes, the other side is not read.  When the
