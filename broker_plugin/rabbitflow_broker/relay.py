@@ -84,7 +84,6 @@ class Relay(EngineViews, asyncio.Protocol):
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
-        self._closing = False
         self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed: asyncio.Future[None] | None = None
@@ -164,7 +163,7 @@ class Relay(EngineViews, asyncio.Protocol):
             self._pump.perform(self.engine.upstream_failed(self._now(), cause))
             self._finish_if_done()
             return
-        if self._closing:  # the client left meanwhile
+        if self._pump.closing:  # the client left meanwhile
             transport.close()
             return
         self._pump.perform(self.engine.upstream_connected(self._now()))
@@ -200,7 +199,7 @@ class Relay(EngineViews, asyncio.Protocol):
     def refresh(self) -> None:
         """Blocking changed for this connection: re-check its held confirms
         and flowed channels (called by :class:`Refresher`, outside any change)."""
-        if not self._closing:
+        if not self._pump.closing:
             self._pump.perform(self.engine.refresh(self._now()))
 
     def _pause(self, reason: str) -> None:
@@ -226,9 +225,9 @@ class Relay(EngineViews, asyncio.Protocol):
         self._pause("shutdown")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout
-        while self.engine.in_flight and not self._closing and loop.time() < deadline:
+        while self.engine.in_flight and not self._pump.closing and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if not self._closing:
+        if not self._pump.closing:
             self._pump.perform(self.engine.shutdown(self._now(), text))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wait_closed(), 2 * _HARD_CLOSE_S)
@@ -236,8 +235,8 @@ class Relay(EngineViews, asyncio.Protocol):
 
     def abort(self) -> None:
         """Close both sockets (buffered bytes are still flushed, for a while)."""
-        if not self._closing:
-            self._closing = self._pump.closing = True
+        if not self._pump.closing:
+            self._pump.closing = True
             if self._timer is not None:
                 self._timer.cancel()
             with contextlib.suppress(RuntimeError):

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from rabbitflow_broker.cpu_yield import Loop, cpu_yield
 from rabbitflow_broker.engine import Engine
-from rabbitflow_broker.engine_io import Actions
+from rabbitflow_broker.engine_io import Actions, Chunk
 from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["Owner", "Pump", "Transport"]
@@ -81,24 +81,10 @@ class Pump:
 
     def perform(self, actions: Actions) -> None:
         """Carry out ``actions`` in their order: writes, events, close, reading, timer."""
-        # Several chunks go in one writelines: uvloop sends them with one
-        # writev, without joining (copying) them first.
-        parts = actions.to_upstream
-        if parts:
-            upstream = self.upstream
-            if upstream is not None and not upstream.is_closing():
-                if len(parts) == 1:
-                    upstream.write(parts[0])
-                else:
-                    upstream.writelines(parts)
-        parts = actions.to_client
-        if parts:
-            client = self.client
-            if client is not None and not client.is_closing():
-                if len(parts) == 1:
-                    client.write(parts[0])
-                else:
-                    client.writelines(parts)
+        if actions.to_upstream:
+            _send(self.upstream, actions.to_upstream)
+        if actions.to_client:
+            _send(self.client, actions.to_client)
         if actions.events:
             gateway = self.gateway
             for event in actions.events:
@@ -112,3 +98,14 @@ class Pump:
         if actions.timer != self._deadline:
             self._deadline = actions.timer
             self.owner.set_timer(actions.timer)
+
+
+def _send(transport: Transport | None, parts: list[Chunk]) -> None:
+    """Write ``parts`` to ``transport`` unless it is gone or closing.  Several
+    chunks go in one ``writelines``: uvloop sends them with one ``writev``,
+    without joining (copying) them first."""
+    if transport is not None and not transport.is_closing():
+        if len(parts) == 1:
+            transport.write(parts[0])
+        else:
+            transport.writelines(parts)
