@@ -27,7 +27,8 @@ for each throughput workload), p50/p99 latencies and the added p50 (target
 each round, from ``/proc/<pid>/stat`` (utime + stime): the gateway's CPU per
 relayed message (µs), the gateway's CPU divided by RabbitMQ's in the same
 interval (RabbitMQ = the ``beam.smp`` of the node the management API
-answers for), and RabbitMQ's CPU per message on each path.  The broker is
+answers for), RabbitMQ's CPU per message on each path, and the pika
+client's (this process's CPU, ``time.process_time()``).  The broker is
 often shared: its CPU includes whatever else it serves meanwhile, so read
 the figures beside ``uptime``.
 
@@ -38,7 +39,8 @@ versions in one run, e.g. ``--gateway-src new=. --gateway-src old=../old``.
 
 Run: ``.venv/bin/python bench/gateway_overhead.py [--messages N] [--rounds R]``
 (full run: 100,000 messages per workload, 5 rounds; ``--messages 5000
---rounds 1`` is a smoke run).  ``RABBITMQ_URL`` / ``--url`` and
+--rounds 1`` is a smoke run; ``--workload NAME``, repeatable, runs only
+the workloads named).  ``RABBITMQ_URL`` / ``--url`` and
 ``--management-url`` pick the broker.
 """
 
@@ -101,6 +103,8 @@ class Result:
     gateway_over_broker: dict[str, list[float]] = field(default_factory=_per_path)
     #: Per round: RabbitMQ's CPU µs per message (every path).
     broker_us: dict[str, list[float]] = field(default_factory=_per_path)
+    #: Per round: this process's CPU µs per message (the pika client, every path).
+    client_us: dict[str, list[float]] = field(default_factory=_per_path)
 
     def rate(self, path: str) -> float:
         return statistics.median(self.rates[path])
@@ -185,7 +189,9 @@ def run_workload(
                 if workload.prepare is not None:
                     workload.prepare(queue)
                 broker0, gateway0 = meter.sample(path)
+                client0 = time.process_time()
                 seconds, latencies = workload.run(url, queue)
+                client1 = time.process_time()
                 broker1, gateway1 = meter.sample(path)
                 if result.expect_depth is not None:
                     # A confirm the gateway sent before RabbitMQ had the message would show here.
@@ -202,6 +208,7 @@ def run_workload(
                 latencies,
                 broker_cpu=broker1 - broker0,
                 gateway_cpu=gateway1 - gateway0,
+                client_cpu=client1 - client0,
             )
 
 
@@ -213,18 +220,21 @@ def _record(
     *,
     broker_cpu: float,
     gateway_cpu: float,
+    client_cpu: float,
 ) -> None:
     rate = result.messages / seconds
     result.rates.setdefault(path, []).append(rate)
     broker_us = broker_cpu / result.messages * 1e6
     result.broker_us.setdefault(path, []).append(broker_us)
+    client_us = client_cpu / result.messages * 1e6
+    result.client_us.setdefault(path, []).append(client_us)
     line = f"  {result.name:<22} {path:<8} {rate:>10,.0f} msg/s"
     if latencies:
         p50, p99 = percentile(latencies, 50) * 1000, percentile(latencies, 99) * 1000
         result.p50_ms.setdefault(path, []).append(p50)
         result.p99_ms.setdefault(path, []).append(p99)
         line += f"  p50 {p50:.3f} ms"
-    line += f"  RabbitMQ {broker_us:6.1f} µs/msg"
+    line += f"  client {client_us:5.1f}  RabbitMQ {broker_us:6.1f} µs/msg"
     if path != DIRECT:
         gateway_us = gateway_cpu / result.messages * 1e6
         result.gateway_us.setdefault(path, []).append(gateway_us)
@@ -278,14 +288,17 @@ def print_summary(workloads: list[tuple[Result, Workload]], gateways: list[str])
         print()
         print(
             f"{'workload':<22} {'gw µs/msg':>10} {'gw/RabbitMQ CPU':>16}  "
-            f"{'RabbitMQ µs/msg direct':>22} {'via gw':>7}"
+            f"{'RabbitMQ µs/msg direct':>22} {'via gw':>7}  "
+            f"{'client µs/msg direct':>20} {'via gw':>7}"
         )
         for result, _ in workloads:
             print(
                 f"{result.name:<22} {_fmt(result.median(result.gateway_us, label), '>10.1f')} "
                 f"{_fmt(result.median(result.gateway_over_broker, label), '>16.2f')}  "
                 f"{_fmt(result.median(result.broker_us, DIRECT), '>22.1f')} "
-                f"{_fmt(result.median(result.broker_us, label), '>7.1f')}"
+                f"{_fmt(result.median(result.broker_us, label), '>7.1f')}  "
+                f"{_fmt(result.median(result.client_us, DIRECT), '>20.1f')} "
+                f"{_fmt(result.median(result.client_us, label), '>7.1f')}"
             )
     return ok
 
@@ -318,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         choices=("auto", "asyncio", "uvloop"),
         help="the gateway's --event-loop (auto: uvloop when installed)",
+    )
+    parser.add_argument(
+        "--workload",
+        action="append",
+        metavar="NAME",
+        help="run only this workload (repeatable, e.g. 'no confirms 256B'; default: all)",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -383,6 +402,12 @@ def main(argv: list[str] | None = None) -> int:
                 Workload(consumer, prepare=lambda queue: _prefill(args.url, queue, small, n)),
             ),
         ]
+        if args.workload:
+            known = [result.name for result, _ in workloads]
+            unknown = sorted(set(args.workload) - set(known))
+            if unknown:
+                parser.error(f"unknown --workload {unknown}; choose from {known}")
+            workloads = [(r, w) for r, w in workloads if r.name in args.workload]
         for result, workload in workloads:
             run_workload(result, workload, paths, direct=args.url, rounds=args.rounds, meter=meter)
 
