@@ -22,7 +22,7 @@ from rabbitflow_pipeline.sink import ROW_ID_HEADER
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROWS = 100_000
+ROWS = 40_000
 PARTITIONS = 4
 
 
@@ -128,7 +128,7 @@ def test_flow_controlled_queue_throttles_the_job_within_its_bound(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    collector = Collector(gateway.url, queue, ROWS, per_second=4000)
+    collector = Collector(gateway.url, queue, ROWS, per_second=2000)
     collector.start()
 
     publish_dataframe(rows(spark), queue, url=gateway.url, capacity=capacity, id_column="id")
