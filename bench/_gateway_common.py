@@ -197,9 +197,18 @@ def broker_pid(management_url: str, user: str, password: str) -> int:
     request = urllib.request.Request(management_url.rstrip("/") + "/api/nodes")
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     request.add_header("Authorization", f"Basic {token}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        nodes = json.load(response)
-    pids = [int(node["os_pid"]) for node in nodes if node.get("running", True)]
+    # A node whose management plugin was just enabled lists itself without its
+    # stats (``os_pid`` among them) until its first stats emission, a few seconds.
+    deadline = time.monotonic() + 30.0
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            nodes = [node for node in json.load(response) if node.get("running", True)]
+        if all("os_pid" in node for node in nodes):
+            break
+        if time.monotonic() > deadline:
+            raise BenchError("the management API gave no os_pid for RabbitMQ within 30 s")
+        time.sleep(0.5)
+    pids = [int(node["os_pid"]) for node in nodes]
     if len(pids) != 1:
         raise BenchError(f"expected one running RabbitMQ node, the API lists {len(pids)}")
     try:

@@ -183,7 +183,7 @@ def _socket_reads(
         reads.append((True, stream[pos:cut]))
         pos = cut
         sent = cut // len(one)
-        acks = []
+        acks: list[bytes] = []
         last = cut == len(stream)
         while (
             acked + ack_after <= sent and (acks_per_read is None or len(acks) < acks_per_read)
