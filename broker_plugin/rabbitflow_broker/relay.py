@@ -12,7 +12,8 @@ engine's.  After client reads the loop gives the CPU away once
 (:mod:`~rabbitflow_broker.cpu_yield`).
 
 TCP back-pressure passes through: while one side's transport buffers more
-than :data:`WRITE_HIGH_WATER` bytes, the other side is not read.  When the
+than its high-water mark, the other side is not read (toward RabbitMQ a
+small one: :data:`UPSTREAM_UNSENT`).  When the
 gateway's blocking state changes, :class:`~rabbitflow_broker.refresher.Refresher`
 calls :meth:`Relay.refresh` on a later turn of the event loop.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -43,9 +45,14 @@ Connector = Callable[[str, int, Callable[[], asyncio.Protocol]], Awaitable[async
 
 _log = structlog.get_logger("rabbitflow.broker.relay")
 
-#: Bytes a transport may buffer before the relay stops reading the other side.
+#: Bytes the client transport may buffer before the relay stops reading upstream.
 WRITE_HIGH_WATER = 1024 * 1024
 _WRITE_LOW_WATER = 256 * 1024
+#: Toward RabbitMQ the kernel keeps at most this much unsent (``TCP_NOTSENT_LOWAT``),
+#: the transport 64 KiB more: a backlog waits in the client's socket, where its small
+#: writes coalesce as they do direct (queued here, each was a segment of its own).
+UPSTREAM_UNSENT = 32 * 1024
+_UPSTREAM_HIGH_WATER, _UPSTREAM_LOW_WATER = 64 * 1024, 16 * 1024
 _HARD_CLOSE_S = 1.0
 _TOO_MANY_FILES = (errno.EMFILE, errno.ENFILE)
 
@@ -171,7 +178,11 @@ class Relay(EngineViews, asyncio.Protocol):
 
     def _upstream_made(self, transport: asyncio.Transport) -> None:
         self._upstream = self._pump.upstream = transport
-        transport.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
+        transport.set_write_buffer_limits(_UPSTREAM_HIGH_WATER, _UPSTREAM_LOW_WATER)
+        sock, option = transport.get_extra_info("socket"), getattr(socket, "TCP_NOTSENT_LOWAT", 0)
+        if sock is not None and option:
+            with contextlib.suppress(OSError):  # not TCP (a test's transport), or no such option
+                sock.setsockopt(socket.IPPROTO_TCP, option, UPSTREAM_UNSENT)
 
     # -- carrying out actions --------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -296,4 +297,63 @@ async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> No
     assert bytes(upstream.data) == first + second
     client.feed_eof()
     upstream.feed_eof()
+    await asyncio.wait_for(relay.wait_closed(), 5)
+
+
+@pytest.mark.asyncio
+async def test_a_slow_upstream_stops_client_reads_within_a_small_backlog_losing_nothing() -> None:
+    """When RabbitMQ reads slower than a client publishes, the backlog waits in
+    the client's socket: the relay stops reading the client once little is
+    queued toward RabbitMQ (its transport's 64 KiB and the kernel's unsent
+    bytes capped by ``TCP_NOTSENT_LOWAT``), then relays everything in order."""
+    loop = asyncio.get_running_loop()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader's small window
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    upstream_sockets: list[socket.socket] = []
+
+    async def connect(host: str, port: int, factory: Callable[[], asyncio.Protocol]) -> Any:
+        accepting = loop.create_task(loop.sock_accept(listener))
+        transport, _ = await loop.create_connection(factory, *listener.getsockname())
+        upstream_sockets.append((await accepting)[0])
+        return transport
+
+    gateway = Gateway(GatewayConfig(), sink=lambda event: None)
+    client = FakeTransport()
+    relay = Relay(gateway, connector=connect)
+    client.attach(relay)
+    sent = bytearray(PROTOCOL_HEADER + method(1, commands.Channel.Open()))
+    client.feed_data(bytes(sent))
+    batch = b"".join(publish(1, "q", bytes([n % 256]) * 256) for n in range(100))  # ~34 KiB
+    deadline = loop.time() + 10
+    while not client.paused or not upstream_sockets:
+        assert len(sent) < 1024 * 1024, "the client was still read after 1 MiB queued upstream"
+        assert loop.time() < deadline, "the client was never paused"
+        client.feed_data(batch)
+        sent += batch
+        await asyncio.sleep(0.01)  # the transport's write attempts and its pause_writing
+    read = len(sent) - sum(len(item or b"") for item in client._inbox)
+    assert read < 400 * 1024  # what the relay took from the client before it stopped
+    upstream = relay._upstream
+    assert upstream is not None
+    sock = upstream.get_extra_info("socket")
+    unsent_option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if unsent_option is not None:
+        assert sock.getsockopt(socket.IPPROTO_TCP, unsent_option) == 32 * 1024
+
+    received = bytearray()
+    peer = upstream_sockets[0]
+    peer.setblocking(False)
+    while len(received) < len(sent):  # RabbitMQ catches up: everything arrives, in order
+        assert loop.time() < deadline + 20, f"{len(received)} of {len(sent)} bytes relayed"
+        chunk = await asyncio.wait_for(loop.sock_recv(peer, 1 << 20), 10)
+        assert chunk, "the upstream connection closed early"
+        received += chunk
+    assert bytes(received) == bytes(sent)
+    assert not client.paused
+    client.feed_eof()
+    peer.close()
+    listener.close()
     await asyncio.wait_for(relay.wait_closed(), 5)
