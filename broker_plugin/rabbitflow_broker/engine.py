@@ -220,6 +220,15 @@ class Engine(Connection):
         """Publishes whose confirm or commit-ok the client still waits for."""
         return sum(channel.in_flight for channel in self.channels.values())
 
+    @property
+    def outstanding(self) -> int:
+        """Messages in the client's pipe: publishes it waits to have confirmed
+        (or committed) and deliveries it has not acknowledged yet."""
+        count = 0
+        for channel in self.channels.values():
+            count += channel.in_flight + len(channel.deliveries)
+        return count
+
     # -- actions ---------------------------------------------------------------
 
     def _begin(self, now: float) -> None:

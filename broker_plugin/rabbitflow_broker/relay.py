@@ -8,7 +8,8 @@ every read of either socket to the connection's
 :class:`~rabbitflow_broker.engine.Actions` the engine returns: one write per
 side, events to the gateway's sink; the relay itself pauses or resumes
 reads, keeps the one timer and closes.  All AMQP decisions are the
-engine's.  After client reads the loop gives the CPU away once
+engine's.  After client reads the loop gives the CPU away once, or
+sleeps 100 µs if a client read keeps a deep pipe of messages
 (:mod:`~rabbitflow_broker.cpu_yield`).
 
 TCP back-pressure passes through: while one side's transport buffers more

@@ -65,8 +65,9 @@ class Pump:
     def client_data(self, data: bytes) -> None:
         """Bytes from the client."""
         if not self.closing:
-            self.perform(self.engine.receive_client(data, self.gateway.monotonic()))
-            cpu_yield.after_read(self.loop)
+            engine = self.engine
+            self.perform(engine.receive_client(data, self.gateway.monotonic()))
+            cpu_yield.after_read(self.loop, engine.outstanding)
 
     def upstream_data(self, data: bytes) -> None:
         """Bytes from RabbitMQ."""
