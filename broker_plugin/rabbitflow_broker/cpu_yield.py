@@ -22,10 +22,11 @@ network card that holds its interrupts for a moment under load.  Such a
 client and RabbitMQ have far more than that sleep's worth of work in
 flight, so it costs them no throughput, and the next turn reads and writes
 more per system call: the gateway's CPU per message, mostly kernel time,
-falls by up to a quarter (window-100 publishers of small messages).  A client that waits for each confirm, or keeps a
-window under :data:`PIPELINED`, never makes the gateway sleep; beside a
-pipelining client on the same gateway it may wait one sleep longer.  At
-most one sleep per loop turn, however many connections pipeline.
+falls by up to a quarter (window-100 publishers of small messages).  A
+client that waits for each confirm, or keeps a window under
+:data:`PIPELINED`, never makes the gateway sleep; beside a pipelining
+client on the same gateway it may wait one sleep longer.  At most one sleep
+per loop turn, however many connections pipeline.
 """
 
 from __future__ import annotations
