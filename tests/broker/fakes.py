@@ -16,6 +16,38 @@ if TYPE_CHECKING:
     from rabbitflow_broker.relay import Relay
 
 
+class RecordingOwner:
+    """The pump's owner (:class:`~rabbitflow_broker.relay_pump.Owner`): records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def abort(self) -> None:
+        self.calls.append(("abort", None))
+
+    def read_client(self, reading: bool) -> None:
+        self.calls.append(("read_client", reading))
+
+    def set_timer(self, deadline: float | None) -> None:
+        self.calls.append(("set_timer", deadline))
+
+
+class FakeLoop:
+    """An event loop's ``call_soon``: callbacks wait until :meth:`turn` runs them."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], object]] = []
+
+    def call_soon(self, callback: Callable[[], object]) -> object:
+        self.callbacks.append(callback)
+        return None
+
+    def turn(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+
 class FakeWriter:
     """Collects what the relay writes to one side."""
 

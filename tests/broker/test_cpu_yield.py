@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
 from pamqp import commands
@@ -13,7 +12,7 @@ from rabbitflow_broker import cpu_yield as cpu_yield_module
 from rabbitflow_broker.cpu_yield import COALESCE_S, PIPELINED, CpuYield
 from rabbitflow_broker.relay_pump import Pump
 from tests.broker.engine_harness import deliver, method, methods, publish, wire
-from tests.broker.fakes import FakeWriter
+from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner
 
 
 async def _turns(count: int) -> None:
@@ -98,31 +97,6 @@ async def test_a_read_of_a_pipelining_connection_makes_the_next_turn_sleep_inste
     assert (yielder.yields, yielder.sleeps) == (2, 1)
 
 
-class _Owner:
-    def abort(self) -> None:
-        raise AssertionError("the connection is not closed")
-
-    def read_client(self, reading: bool) -> None:
-        assert reading
-
-    def set_timer(self, deadline: float | None) -> None:
-        return None
-
-
-class _Loop:
-    def __init__(self) -> None:
-        self.callbacks: list[Callable[[], object]] = []
-
-    def call_soon(self, callback: Callable[[], object]) -> object:
-        self.callbacks.append(callback)
-        return None
-
-    def turn(self) -> None:
-        callbacks, self.callbacks = self.callbacks, []
-        for callback in callbacks:
-            callback()
-
-
 def test_the_pump_sleeps_after_reads_of_a_client_with_a_pipe_of_unconfirmed_publishes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -133,10 +107,11 @@ def test_the_pump_sleeps_after_reads_of_a_client_with_a_pipe_of_unconfirmed_publ
     w = wire(stop_count=1000)
     w.client(method(1, commands.Confirm.Select()))
     w.upstream(method(1, commands.Confirm.SelectOk()))
-    pump = Pump(w.engine, w.gateway, _Owner())
+    owner = RecordingOwner()
+    pump = Pump(w.engine, w.gateway, owner)
     upstream = FakeWriter()
     pump.client, pump.upstream = FakeWriter(), upstream
-    loop = _Loop()
+    loop = FakeLoop()
     pump.loop = loop
 
     pump.client_data(publish(1, "q"))
@@ -151,6 +126,8 @@ def test_the_pump_sleeps_after_reads_of_a_client_with_a_pipe_of_unconfirmed_publ
     pump.client_data(publish(1, "q"))
     loop.turn()
     assert (w.engine.outstanding, slept, yielded) == (1, [COALESCE_S], [1, 1])
+    assert ("abort", None) not in owner.calls
+    assert ("read_client", False) not in owner.calls
 
 
 def test_unacked_deliveries_count_in_the_pipe_until_acked() -> None:

@@ -10,37 +10,14 @@ from rabbitflow_broker.engine_io import VIEW_MIN, Actions, Chunk, Out
 from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay_pump import Pump
-from tests.broker.fakes import FakeWriter
+from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner
 
 
-class _Owner:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, object]] = []
-
-    def abort(self) -> None:
-        self.calls.append(("abort", None))
-
-    def read_client(self, reading: bool) -> None:
-        self.calls.append(("read_client", reading))
-
-    def set_timer(self, deadline: float | None) -> None:
-        self.calls.append(("set_timer", deadline))
-
-
-class _Loop:
-    def __init__(self) -> None:
-        self.soon = 0
-
-    def call_soon(self, callback: object) -> object:
-        self.soon += 1
-        return None
-
-
-def _pump(clock: list[float]) -> tuple[Pump, _Owner, FakeWriter, FakeWriter, list[object]]:
+def _pump(clock: list[float]) -> tuple[Pump, RecordingOwner, FakeWriter, FakeWriter, list[object]]:
     events: list[object] = []
     gateway = Gateway(GatewayConfig(), sink=events.append, monotonic=lambda: clock[0])
     engine = Engine(gateway, number=1, settings=EngineSettings(handshake_timeout=10.0))
-    owner = _Owner()
+    owner = RecordingOwner()
     pump = Pump(engine, gateway, owner)
     client, upstream = FakeWriter(), FakeWriter()
     pump.client, pump.upstream = client, upstream
@@ -50,7 +27,7 @@ def _pump(clock: list[float]) -> tuple[Pump, _Owner, FakeWriter, FakeWriter, lis
 def test_a_read_goes_through_the_engine_in_one_write_and_asks_for_one_yield() -> None:
     clock = [100.0]
     pump, owner, client, upstream, _ = _pump(clock)
-    loop = pump.loop = _Loop()
+    loop = pump.loop = FakeLoop()
     pump.perform(pump.engine.start(clock[0]))
     assert owner.calls == [("set_timer", 110.0)]  # the handshake deadline, from the clock
     pump.perform(pump.engine.upstream_connected(clock[0]))
@@ -59,7 +36,7 @@ def test_a_read_goes_through_the_engine_in_one_write_and_asks_for_one_yield() ->
     pump.client_data(PROTOCOL_HEADER[5:])
     assert bytes(upstream.data) == PROTOCOL_HEADER
     assert client.data == b""
-    assert loop.soon == 1  # one yield for the turn, however many reads
+    assert len(loop.callbacks) == 1  # one yield for the turn, however many reads
 
 
 def test_the_timer_fires_into_the_engine_and_a_close_stops_there() -> None:
