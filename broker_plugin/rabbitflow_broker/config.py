@@ -67,6 +67,8 @@ class GatewayConfig:
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     state_file: str | None = None
     reconcile_interval: int = 1000
+    #: Milliseconds between passive declares of flowed and nearly full queues.
+    depth_poll_interval: int = 250
     routing_refresh_interval: int = 30_000
     store_path: str | None = None
     store_poll_interval: int = 1000
@@ -102,6 +104,7 @@ class GatewayConfig:
             "flow_enforcement_timeout",
             "handshake_timeout",
             "reconcile_interval",
+            "depth_poll_interval",
             "routing_refresh_interval",
             "store_poll_interval",
             "listen_backlog",
@@ -227,6 +230,18 @@ class GatewayConfig:
         return "guest", "guest"
 
     @property
+    def upstream_credentials(self) -> tuple[str, str]:
+        """User and password of the gateway's own connections to RabbitMQ.
+
+        From ``--upstream`` when it carries them, else those of the
+        management API.
+        """
+        parts = urlsplit(self.upstream)
+        if parts.username:
+            return unquote(parts.username), unquote(parts.password or "")
+        return self.management_credentials
+
+    @property
     def management_base(self) -> str:
         """``--management-url`` without credentials or trailing slash."""
         parts = urlsplit(self.management_url)
@@ -293,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
         "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",
         "state_file": "keep runtime thresholds in this JSON file instead of RabbitMQ",
         "reconcile_interval": "ms between depth reconciliations with RabbitMQ (1000)",
+        "depth_poll_interval": "ms between passive declares of the queues that are flowed "
+        "or near their stop threshold, for their current depth (250; 0 = off)",
         "routing_refresh_interval": "ms between routing snapshots from RabbitMQ (30000)",
         "store_path": "RabbitMQ data dir: measure the vhost store on disk instead of "
         "message_bytes_persistent from the management API",

@@ -186,3 +186,12 @@ class ChannelDeliveries:
     def queues(self) -> Iterable[str]:
         """Queues with outstanding deliveries on this channel."""
         return {d.queue for d in self._pending.values()}
+
+    def count_by_queue(self, into: dict[str, int]) -> None:
+        """Add this channel's outstanding deliveries per queue to ``into``.
+
+        Walks the deliveries: only the depth poll of flowed queues asks,
+        so the relay path keeps no running count.
+        """
+        for delivery in self._pending.values():
+            into[delivery.queue] = into.get(delivery.queue, 0) + 1

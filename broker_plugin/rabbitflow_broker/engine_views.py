@@ -41,6 +41,17 @@ class EngineViews:
         """Confirms and commit-oks currently held from the client."""
         return self.engine.held_confirms()
 
+    def count_unacked(self, into: dict[tuple[str, str], int]) -> None:
+        """Add this connection's unacknowledged deliveries per (vhost, queue)."""
+        e = self.engine
+        per_queue: dict[str, int] = {}
+        for channel in e.channels.values():
+            channel.deliveries.count_by_queue(per_queue)
+        vhost = e.vhost
+        for queue, count in per_queue.items():
+            key = (vhost, queue)
+            into[key] = into.get(key, 0) + count
+
     def channel_count(self) -> int:
         """Open channels."""
         return len(self.engine.channels)

@@ -90,6 +90,10 @@ class Connection(Protocol):
     def describe_channels(self) -> Iterable[dict[str, Any]]:
         """Admin API view of this connection's channels."""
 
+    def count_unacked(self, into: dict[QueueKey, int]) -> None:
+        """Add the deliveries this connection's clients have not acknowledged
+        yet, per (vhost, queue), to ``into``."""
+
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -121,6 +125,9 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         # machine's observe); every blocking decision reads it.  While empty
         # (and no administrator stop) the per-publish checks end at once.
         self._stopped: set[QueueKey] = set()
+        # Queues OFF but at or above a resume threshold, kept by _observe too:
+        # with the ON ones, the queues whose depth the service polls often.
+        self._near: set[QueueKey] = set()
         self._sources: dict[QueueKey, ThresholdsSource] = {}
         self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
         self._runtime: dict[QueueKey, Thresholds] = {}
@@ -169,6 +176,13 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     def connections(self) -> list[Connection]:
         """Live relays."""
         return list(self._connections.values())
+
+    def unacked_deliveries(self) -> dict[QueueKey, int]:
+        """Deliveries relayed to clients and not acknowledged yet, per queue."""
+        counts: dict[QueueKey, int] = {}
+        for connection in self._connections.values():
+            connection.count_unacked(counts)
+        return counts
 
     def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route:
         """The queues a publish is enqueued on (empty when the mirror cannot tell)."""
@@ -297,6 +311,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         machine = self._flows.pop(key, None)
         self._sources.pop(key, None)
         self._stopped.discard(key)
+        self._near.discard(key)
         if machine is not None and machine.stopped:
             self.wake(vhost)
 
@@ -523,9 +538,20 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             depth.lo_bytes = float(t.resume_size) if t.stop_size else _INF
         else:
             self._stopped.discard(key)
-            depth.hi_messages = float(t.stop_count or _INF)
-            depth.hi_bytes = float(t.stop_size or _INF)
-            depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
+            near_count = float(max(t.resume_count, 1)) if t.stop_count else _INF
+            near_size = float(max(t.resume_size, 1)) if t.stop_size else _INF
+            if depth.messages >= near_count or depth.bytes >= near_size:
+                # Near its stop: polled often; a removal under resume leaves.
+                self._near.add(key)
+                depth.hi_messages = float(t.stop_count or _INF)
+                depth.hi_bytes = float(t.stop_size or _INF)
+                depth.lo_messages, depth.lo_bytes = near_count, near_size
+            else:
+                self._near.discard(key)
+                # A publish reaching a resume threshold makes it near.
+                depth.hi_messages = near_count - 1 if t.stop_count else _INF
+                depth.hi_bytes = near_size - 1 if t.stop_size else _INF
+                depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
         if event is None:
             return
         self._sink(event)
@@ -534,6 +560,11 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         changes = self._pending()
         if changes is not None:
             (changes.went_on if machine.stopped else changes.went_off).add(key)
+
+    def hot_queues(self) -> list[QueueKey]:
+        """Queues whose depth matters now: flowed (ON) or near their stop
+        threshold (OFF at or above a resume threshold)."""
+        return [*self._stopped, *(self._near - self._stopped)]
 
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""

@@ -32,6 +32,7 @@ from aiohttp import web
 
 from rabbitflow_broker import accel
 from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.depth_poller import DepthPoll, PassiveDeclarer
 from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
@@ -136,6 +137,7 @@ class GatewayService:
         self._relays: set[Relay] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self.depth_sources = DepthSources(interval=config.reconcile_interval / 1000)
+        self.depth_poll = DepthPoll(self.gateway, self.depth_sources, self._declarer)
         self._tls_server: asyncio.Server | None = None
         self._tls_context: ssl.SSLContext | None = None
         self._upstream_ssl = upstream_ssl_context(config) if config.upstream_tls else None
@@ -222,6 +224,7 @@ class GatewayService:
         self._tasks += [
             asyncio.create_task(self._routing_loop(), name="routing-refresh"),
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
+            asyncio.create_task(self._depth_poll_loop(), name="depth-poll"),
             asyncio.create_task(self._store_loop(), name="store-quota"),
         ]
 
@@ -303,6 +306,7 @@ class GatewayService:
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 2)
+        await self.depth_poll.close()
         if self._admin is not None:
             await self._admin.cleanup()
         await self.management.close()
@@ -421,9 +425,10 @@ class GatewayService:
         """
         gateway = self.gateway
         versions = {key: gateway.depth.version(key) for key in gateway.queue_keys()}
+        self.depth_sources.gateway_unacked(gateway.unacked_deliveries(), time.monotonic())
         try:
             totals = await self.management.queue_totals()
-            stats = await self.management.queue_bytes()
+            stats = await self.management.queue_statistics()
         except ManagementError as exc:
             self._management_failed("depth reconciliation", exc)
             return
@@ -436,13 +441,16 @@ class GatewayService:
                 if not gateway.routing.has_queue(*key):
                     gateway.routing.declare_queue(key[0], key[1], _arguments(item))
             seen_version = versions.get(key, gateway.depth.version(key))
+            listed = stats.get(key)
             readings = self.depth_sources.readings(
                 key,
                 queue_type(_arguments(item), item.get("type")),
                 totals=item.get("messages"),
-                stats=stats.get(key),
+                stats=None if listed is None else (listed.messages, listed.size),
                 seen_version=seen_version,
                 initial=initial,
+                totals_parts=(item.get("messages_ready"), item.get("messages_unacknowledged")),
+                stats_parts=(None, None) if listed is None else (listed.ready, listed.unacked),
             )
             for reading in readings:
                 gateway.reconcile(
@@ -503,6 +511,27 @@ class GatewayService:
         while True:
             await asyncio.sleep(interval)
             await self.refresh_routing()
+
+    def _declarer(self, vhost: str) -> PassiveDeclarer:
+        host, port = self.config.upstream_address
+        user, password = self.config.upstream_credentials
+        return PassiveDeclarer(
+            host,
+            port,
+            user=user,
+            password=password,
+            vhost=vhost,
+            ssl_context=self._upstream_ssl,
+            server_hostname=host,
+        )
+
+    async def _depth_poll_loop(self) -> None:
+        interval = self.config.depth_poll_interval / 1000
+        if not interval:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            await self.depth_poll.poll_once()
 
     async def _reconcile_loop(self) -> None:
         interval = self.config.reconcile_interval / 1000

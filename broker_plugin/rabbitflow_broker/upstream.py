@@ -6,7 +6,8 @@ The gateway asks RabbitMQ for:
   ``/api/bindings``, ``/api/policies``) at start and periodically;
 * queue totals (``/api/queues?disable_stats=true&enable_queue_totals=true``,
   current to milliseconds: ``messages`` = ready + unacknowledged);
-* queue bytes (``message_bytes`` from the statistics, seconds old);
+* queue statistics (``messages``, ``message_bytes`` and their ready and
+  unacknowledged parts, seconds old);
 * per-vhost store sizes (sum of ``message_bytes_persistent`` over the
   vhost's queues; statistics, up to ``collect_statistics_interval`` (5 s)
   old) for the store quota;
@@ -19,15 +20,25 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import aiohttp
 
-__all__ = ["ManagementClient", "ManagementError"]
+__all__ = ["ManagementClient", "ManagementError", "QueueStatistics"]
 
 _Items = list[Mapping[str, Any]]
 _TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+class QueueStatistics(NamedTuple):
+    """A queue's counts from the statistics (``ready`` and ``unacked`` as listed,
+    unchecked)."""
+
+    messages: int
+    size: int
+    ready: object
+    unacked: object
 
 
 class ManagementError(Exception):
@@ -109,18 +120,28 @@ class ManagementClient:
         items = await self.get("/api/queues?disable_stats=true&enable_queue_totals=true")
         return list(items or [])
 
-    async def queue_bytes(self) -> dict[tuple[str, str], tuple[int, int]]:
-        """(vhost, name) -> (messages, message_bytes) from the statistics.
+    async def queue_statistics(self) -> dict[tuple[str, str], QueueStatistics]:
+        """(vhost, name) -> the queue's counts from the statistics.
+
+        Statistics: up to ``collect_statistics_interval`` (5 s by default) old.
 
         Raises:
             ManagementError: transport failure or error status.
         """
-        items = await self.get("/api/queues?columns=vhost,name,messages,message_bytes") or []
-        out: dict[tuple[str, str], tuple[int, int]] = {}
+        items = (
+            await self.get(
+                "/api/queues?columns=vhost,name,messages,message_bytes,"
+                "messages_ready,messages_unacknowledged"
+            )
+            or []
+        )
+        out: dict[tuple[str, str], QueueStatistics] = {}
         for item in items:
             messages, size = item.get("messages"), item.get("message_bytes")
             if isinstance(messages, int) and isinstance(size, int):
-                out[(str(item["vhost"]), str(item["name"]))] = (messages, size)
+                out[(str(item["vhost"]), str(item["name"]))] = QueueStatistics(
+                    messages, size, item.get("messages_ready"), item.get("messages_unacknowledged")
+                )
         return out
 
     async def store_sizes(self) -> dict[str, int]:

@@ -48,6 +48,9 @@ class FakeConnection:
     def describe_channels(self) -> Iterable[dict[str, Any]]:
         return [{**c.to_json(), "flowStopped": True} for c in self._blocked]
 
+    def count_unacked(self, into: dict[tuple[str, str], int]) -> None:
+        return None
+
 
 Serve = Callable[..., AbstractAsyncContextManager[TestClient[Any, Any]]]
 

@@ -193,3 +193,6 @@ class IdleConnection:
 
     def describe_channels(self) -> Iterable[dict[str, Any]]:
         return []
+
+    def count_unacked(self, into: dict[tuple[str, str], int]) -> None:
+        return None

@@ -106,11 +106,16 @@ def test_a_quiet_queue_is_not_fed_to_its_machine() -> None:
         return original(*args)
 
     machine.observe = counting  # type: ignore[method-assign,assignment]
-    for _ in range(998):
+    for _ in range(873):
         gateway.published(VHOST, ROUTE, 10)
-    assert calls == []
-    gateway.published(VHOST, ROUTE, 10)  # 1,000: not over stop, still quiet
-    assert calls == []
-    gateway.published(VHOST, ROUTE, 10)  # 1,001: over stop
+    assert calls == []  # 874: under the derived resume count (875)
+    assert gateway.hot_queues() == []
+    gateway.published(VHOST, ROUTE, 10)  # 875: reaches resume, near its stop
     assert len(calls) == 1
+    assert gateway.hot_queues() == [(VHOST, QUEUE)]
+    for _ in range(125):
+        gateway.published(VHOST, ROUTE, 10)  # up to 1,000: not over stop, quiet again
+    assert len(calls) == 1
+    gateway.published(VHOST, ROUTE, 10)  # 1,001: over stop
+    assert len(calls) == 2
     assert gateway.is_blocked(VHOST, QUEUE)
