@@ -107,9 +107,13 @@ class PassiveDeclarer:
         writer = self._writer
         if writer is None:
             return
-        with contextlib.suppress(OSError, RuntimeError):
-            writer.write(frame.marshal(commands.Connection.Close(200, "gateway depth poll"), 0))
-        self._drop()
+        try:
+            goodbye = commands.Connection.Close(200, "gateway depth poll", 0, 0)
+            writer.write(frame.marshal(goodbye, 0))
+        except (OSError, RuntimeError):
+            pass  # already broken: closing the socket is all there is to do
+        finally:
+            self._drop()
         with contextlib.suppress(OSError, RuntimeError, asyncio.CancelledError):
             await writer.wait_closed()
 

@@ -38,6 +38,8 @@ threshold, often (:meth:`DepthSources.declared`):
     current one, so no delivery can have moved messages from ready to
     unacknowledged since (without consumers, a falling ready count is a
     ``basic.get``, a purge, expiry or dead-lettering);
+  - a quorum queue not yet in the statistics (the first 5 s of its life)
+    counts no unacknowledged messages only while it has no consumer;
   - a quorum queue's ``0`` ready with ``0`` consumers is taken only when it
     came back faster than RabbitMQ's own 250 ms query timeout, twice in a
     row: RabbitMQ answers a passive declare whose leader query timed out
@@ -230,10 +232,17 @@ class DepthSources:
         docstring); the byte count is left to the gateway.
         """
         listed = self._listed.get(key)
-        if listed is None or listed.unacked is None or listed.kind is QueueType.STREAM:
+        if listed is None or listed.kind is QueueType.STREAM:
             return None
         if now < self._tainted.get(key, float("-inf")):
             return None
+        unacked = listed.unacked
+        if unacked is None:
+            # A quorum queue younger than its first statistics event: with
+            # no consumer, only a basic.get could hold a message unacked.
+            if consumers or listed.kind is QueueType.CLASSIC:
+                return None
+            unacked = 0
         if consumers and listed.ready != ready:
             return None
         if listed.kind is QueueType.QUORUM and not ready and not consumers:
@@ -245,4 +254,4 @@ class DepthSources:
                 return None
         else:
             self._empty_once.discard(key)
-        return Reading(ready + listed.unacked, None, DECLARE_SETTLE_S, "declare")
+        return Reading(ready + unacked, None, DECLARE_SETTLE_S, "declare")
