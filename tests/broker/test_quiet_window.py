@@ -119,3 +119,16 @@ def test_a_quiet_queue_is_not_fed_to_its_machine() -> None:
     gateway.published(VHOST, ROUTE, 10)  # 1,001: over stop
     assert len(calls) == 2
     assert gateway.is_blocked(VHOST, QUEUE)
+
+
+def test_a_queue_leaves_the_hot_set_when_it_drains_under_resume() -> None:
+    gateway = Gateway(GatewayConfig(), sink=lambda e: None, clock=lambda: NOW)
+    gateway.queue_declared(VHOST, QUEUE, {"qpid.flow_stop_count": 10})  # resume 8 (derived)
+    for _ in range(11):
+        gateway.published(VHOST, ROUTE, 10)
+    assert gateway.hot_queues() == [(VHOST, QUEUE)]  # ON
+    gateway.removed(VHOST, QUEUE, 3, 30)  # 8: still not under resume
+    assert gateway.hot_queues() == [(VHOST, QUEUE)]
+    gateway.removed(VHOST, QUEUE, 1, 10)  # 7: OFF and under resume
+    assert not gateway.is_blocked(VHOST, QUEUE)
+    assert gateway.hot_queues() == []
