@@ -1,0 +1,327 @@
+"""One flow state for several gateways: allowances from one owner per queue (pure).
+
+Several gateways (*members*) in front of one RabbitMQ keep one bound on
+each queue's depth: ``stop + sum(c) + M x B`` for producers of capacities
+``c1..cn`` honouring flow control, ``M`` members and batch ``B``
+(``--cluster-batch``), whatever the publish rate and whatever fails.
+
+How (the arbiter-with-credits family, as NATS JetStream and Artemis do it):
+
+* Each queue's accounting has one **owner** (:class:`QueueOwner`), elected
+  by the I/O layer.  It knows the queue's depth ``D`` (from RabbitMQ and
+  the members' reports) and the **allowance** it has granted and not yet
+  seen used (*outstanding*).  It tops each member up to at most ``B``
+  outstanding messages, and only while the queue is OFF (``D`` at most its
+  stop threshold), so at most ``stop + M x B`` messages ever complete
+  against allowance; it decides the queue's flow state (OFF to ON when
+  ``D`` exceeds a stop threshold, ON to OFF under resume) and is the only
+  one to log it.
+* A **member** (:class:`MemberAllowance`) lets a publish to the queue
+  complete (forwards its confirm) only against allowance it holds; without
+  allowance it holds the confirm and flows the channel, exactly as for a
+  queue that is ON, and asks for a batch.  It reports what it used and
+  what its clients removed in batches: it talks to the owner at most once
+  per ``B`` messages per queue, never once per message.
+* **Leases fence everything.**  A grant is valid for ``lease`` seconds from
+  the moment the member *asked* for it, on the member's clock; the owner
+  counts it outstanding until ``lease`` after it *sent* it, on its own.  So
+  a member stops using a grant before the owner forgets it, whatever the
+  two clocks read (only their rates must agree).  A member cut off from the
+  owner for longer than the lease has no allowance left and holds every
+  completion: it fails closed.  The owner, when a grant expires unreported,
+  counts it as used (the messages may be in the queue) until RabbitMQ's own
+  count corrects it.  A new owner grants nothing for one lease, so every
+  grant of its predecessor has expired.
+
+The owner's depth is exact for what the members report: each message used
+against allowance was enqueued, each reported removal left.  RabbitMQ's
+own count (:meth:`QueueOwner.observe_depth`) is adopted only when no report
+came in for a settle time before the count was asked for and until it
+came back, as the single gateway's reconciliation does: then every message
+reported is in the count and none is counted twice.  What no member sees
+(consumers straight on RabbitMQ, expiry) is learnt that way.
+
+Everything here is plain data and methods: the caller passes ``now``
+(monotonic seconds) and carries the returned messages over whatever bus it
+has (RabbitMQ, in the service).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = [
+    "DEFAULT_BATCH",
+    "DEFAULT_LEASE_S",
+    "Flow",
+    "FlowUpdate",
+    "Grant",
+    "MemberAllowance",
+    "QueueOwner",
+    "Report",
+    "Request",
+]
+
+#: ``--cluster-batch``: the most one member may accept for a queue unseen.
+DEFAULT_BATCH: Final = 100
+#: ``--cluster-lease``: how long a grant (and an owner's silence) may last.
+DEFAULT_LEASE_S: Final = 2.0
+
+
+class Flow(enum.Enum):
+    """A queue's flow state as the owner decided it."""
+
+    OFF = "off"
+    ON = "on"
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A member used ``used`` of grant ``grant_id`` and saw ``removed`` messages leave."""
+
+    member: str
+    queue: str
+    grant_id: int
+    used: int
+    removed: int
+    returned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A member asks for allowance; ``asked_at`` is on the member's clock.
+
+    It carries the member's reports up to now, applied first: the owner then
+    counts as outstanding only what the member can still use.
+    """
+
+    member: str
+    queue: str
+    asked_at: float
+    reports: tuple[Report, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The owner grants ``amount`` messages, valid from ``asked_at`` (member clock)."""
+
+    member: str
+    queue: str
+    grant_id: int
+    amount: int
+    asked_at: float
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowUpdate:
+    """The owner's flow state of a queue, for every member."""
+
+    queue: str
+    flow: Flow
+    epoch: int
+
+
+@dataclass(slots=True)
+class _Outstanding:
+    member: str
+    remaining: int
+    expires_at: float
+
+
+@dataclass(slots=True)
+class QueueOwner:
+    """The owner's accounting of one queue.
+
+    ``stop``/``resume`` are message counts (0 stop: flow control off for the
+    queue); ``epoch`` rises with each new owner.  Byte thresholds follow
+    the same rules in the service and are left out here.
+    """
+
+    queue: str
+    stop: int
+    resume: int
+    batch: int = DEFAULT_BATCH
+    lease: float = DEFAULT_LEASE_S
+    epoch: int = 1
+    started_at: float = 0.0
+    depth: int = 0
+    flow: Flow = Flow.OFF
+    flow_stopped_count: int = 0
+    version: int = 0
+    #: Seconds without reports before RabbitMQ's count is adopted.
+    settle: float = 0.25
+    changed_at: float = float("-inf")
+    _grants: dict[int, _Outstanding] = field(default_factory=dict)
+    _next_grant: int = 1
+
+    @property
+    def outstanding(self) -> int:
+        """Granted allowance not yet reported used or returned."""
+        return sum(g.remaining for g in self._grants.values())
+
+    def granting(self, now: float) -> bool:
+        """Whether this owner may grant yet: a new owner waits one lease."""
+        return now - self.started_at >= self.lease or self.epoch == 1
+
+    def request(self, request: Request, now: float) -> tuple[Grant | None, FlowUpdate | None]:
+        """A member asks for a batch: the grant (None while none is due), and
+        the flow change its reports caused (or None)."""
+        update = None
+        for report in request.reports:
+            update = self.report(report, now) or update
+        return self._grant(request, now), update
+
+    def _grant(self, request: Request, now: float) -> Grant | None:
+        self.expire(now)
+        if not self.granting(now) or self.flow is Flow.ON:
+            return None
+        # Topped up to one batch per member: outstanding <= M x B.
+        held = sum(g.remaining for g in self._grants.values() if g.member == request.member)
+        amount = self.batch - held
+        if amount <= 0:
+            return None
+        grant_id = self._next_grant
+        self._next_grant += 1
+        self._grants[grant_id] = _Outstanding(request.member, amount, now + self.lease)
+        return Grant(request.member, self.queue, grant_id, amount, request.asked_at, self.epoch)
+
+    def report(self, report: Report, now: float) -> FlowUpdate | None:
+        """Used allowance joins the depth, removals leave it; a flow change, or None."""
+        grant = self._grants.get(report.grant_id)
+        if grant is not None and grant.member == report.member:
+            used = min(report.used, grant.remaining)
+            grant.remaining -= used
+            self.depth += used
+            if report.returned or grant.remaining == 0:
+                del self._grants[report.grant_id]
+        self.depth = max(0, self.depth - report.removed)
+        self.version += 1
+        self.changed_at = now
+        return self._judge()
+
+    def expire(self, now: float) -> FlowUpdate | None:
+        """Grants past their lease count as used (their messages may be queued)."""
+        for grant_id, grant in list(self._grants.items()):
+            if now >= grant.expires_at:
+                self.depth += grant.remaining
+                del self._grants[grant_id]
+        return self._judge()
+
+    def observe_depth(self, messages: int, seen_version: int, now: float) -> FlowUpdate | None:
+        """RabbitMQ's count, asked for when :attr:`version` was ``seen_version``:
+        adopted when no report came in since, nor for :attr:`settle` before
+        (every message reported used is then in the count, and none twice);
+        a flow change, or None."""
+        if seen_version != self.version or now - self.changed_at < self.settle:
+            return None
+        self.depth = messages
+        return self._judge()
+
+    def _judge(self) -> FlowUpdate | None:
+        if not self.stop:
+            return None
+        if self.flow is Flow.OFF and self.depth > self.stop:
+            self.flow = Flow.ON
+            self.flow_stopped_count += 1
+            return FlowUpdate(self.queue, Flow.ON, self.epoch)
+        if self.flow is Flow.ON and self.depth < self.resume:
+            self.flow = Flow.OFF
+            return FlowUpdate(self.queue, Flow.OFF, self.epoch)
+        return None
+
+
+@dataclass(slots=True)
+class _Held:
+    grant_id: int
+    remaining: int
+    valid_until: float
+    used: int = 0
+
+
+@dataclass(slots=True)
+class MemberAllowance:
+    """One member's allowance for one queue.
+
+    :meth:`take` is the per-message call (a publish routed to the queue is
+    about to complete); everything else is per batch.
+    """
+
+    member: str
+    queue: str
+    batch: int = DEFAULT_BATCH
+    lease: float = DEFAULT_LEASE_S
+    flow: Flow = Flow.OFF
+    epoch: int = 0
+    removed: int = 0
+    asked_at: float | None = None
+    _grants: list[_Held] = field(default_factory=list)
+
+    def available(self, now: float) -> int:
+        """Allowance still usable at ``now``."""
+        return sum(g.remaining for g in self._grants if now < g.valid_until)
+
+    def take(self, now: float) -> bool:
+        """Use one message of allowance; False: hold the completion instead."""
+        if self.flow is Flow.ON:
+            return False
+        for grant in self._grants:
+            if grant.remaining and now < grant.valid_until:
+                grant.remaining -= 1
+                grant.used += 1
+                return True
+        return False
+
+    def wants(self, now: float) -> Request | None:
+        """A request when allowance runs low (half a batch) and none is pending
+        (an unanswered one is repeated after a quarter lease)."""
+        if self.flow is Flow.ON:
+            return None
+        if self.asked_at is not None and now - self.asked_at < self.lease / 4:
+            return None
+        if self.available(now) * 2 > self.batch:
+            return None
+        self.asked_at = now
+        return Request(self.member, self.queue, now, tuple(self.reports(now, flush=True)))
+
+    def granted(self, grant: Grant) -> None:
+        """A grant arrived (older epochs than one already seen are refused)."""
+        if grant.epoch < self.epoch:
+            return
+        self.epoch = grant.epoch
+        if self.asked_at == grant.asked_at:
+            self.asked_at = None
+        self._grants.append(_Held(grant.grant_id, grant.amount, grant.asked_at + self.lease))
+
+    def flow_update(self, update: FlowUpdate) -> None:
+        """The owner's flow state (older epochs than one already seen are ignored)."""
+        if update.epoch < self.epoch:
+            return
+        self.epoch = update.epoch
+        if update.flow is Flow.OFF and self.flow is Flow.ON:
+            self.asked_at = None  # ask at once
+        self.flow = update.flow
+
+    def reports(self, now: float, *, final: bool = False, flush: bool = False) -> list[Report]:
+        """What to tell the owner: used allowance of each grant once half a
+        batch is used or the grant is over, and removals; ``flush`` reports
+        every use now, ``final`` returns every grant too."""
+        out: list[Report] = []
+        removed, self.removed = self.removed, 0
+        keep: list[_Held] = []
+        for grant in self._grants:
+            over = final or now >= grant.valid_until or grant.remaining == 0
+            if over or grant.used * 2 >= self.batch or (flush and grant.used):
+                out.append(
+                    Report(self.member, self.queue, grant.grant_id, grant.used, removed, over)
+                )
+                removed = 0
+                grant.used = 0
+            if not over:
+                keep.append(grant)
+        self._grants = keep
+        if removed:
+            out.append(Report(self.member, self.queue, 0, 0, removed))
+        return out
