@@ -79,9 +79,7 @@ def test_a_slow_quorum_empty_answer_may_be_a_timed_out_leader_query() -> None:
     assert sources.declared(KEY, ready=0, consumers=0, elapsed=0.01, now=10.5) is None
 
 
-def test_a_new_quorum_queue_counts_no_unacked_only_without_consumers() -> (
-    None
-):
+def test_a_new_quorum_queue_counts_no_unacked_only_without_consumers() -> None:
     sources = _sources(QueueType.QUORUM, ready=None, unacked=None)
     assert sources.declared(KEY, ready=40, consumers=1, elapsed=0.01, now=10.0) is None
     reading = sources.declared(KEY, ready=40, consumers=0, elapsed=0.01, now=10.0)
