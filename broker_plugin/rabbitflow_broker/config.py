@@ -223,11 +223,7 @@ class GatewayConfig:
         From ``--management-url`` when it carries them, else from
         ``--upstream``, else guest/guest.
         """
-        for url in (self.management_url, self.upstream):
-            parts = urlsplit(url)
-            if parts.username:
-                return unquote(parts.username), unquote(parts.password or "")
-        return "guest", "guest"
+        return _credentials(self.management_url, self.upstream)
 
     @property
     def upstream_credentials(self) -> tuple[str, str]:
@@ -236,10 +232,7 @@ class GatewayConfig:
         From ``--upstream`` when it carries them, else those of the
         management API.
         """
-        parts = urlsplit(self.upstream)
-        if parts.username:
-            return unquote(parts.username), unquote(parts.password or "")
-        return self.management_credentials
+        return _credentials(self.upstream, self.management_url)
 
     @property
     def management_base(self) -> str:
@@ -280,6 +273,15 @@ def _is_loopback(host: str) -> bool:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(GatewayConfig)}
 _INT_FIELDS = {name for name, f in _FIELDS.items() if f.type == "int"}
+
+
+def _credentials(*urls: str) -> tuple[str, str]:
+    """User and password of the first URL that carries them, else guest/guest."""
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.username:
+            return unquote(parts.username), unquote(parts.password or "")
+    return "guest", "guest"
 
 
 def build_parser() -> argparse.ArgumentParser:
