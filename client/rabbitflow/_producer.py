@@ -15,6 +15,7 @@ from ._exceptions import (
     InvalidDestinationError,
     InvalidPropertyError,
     JMSException,
+    UnconfirmedMessagesError,
 )
 from ._flow import (
     ConnectionBlocked,
@@ -214,8 +215,8 @@ class MessageProducer:
         Waits at most ``qpid.flow_control_wait_failure`` (0: not at all).
 
         Raises:
-            JMSException: some sent messages were not confirmed in time, or the
-                connection failed; the text says how many.  They may still be
+            UnconfirmedMessagesError: some sent messages were not confirmed in
+                time, or the connection failed; ``unconfirmed`` says how many.  They may still be
                 enqueued: the broker may have taken them without its confirm
                 arriving in time.
         """
@@ -239,9 +240,10 @@ class MessageProducer:
             self._channel.close()
         if pending:
             cause = f": {error}" if error else f" within {wait_s:g} s"
-            raise JMSException(
+            raise UnconfirmedMessagesError(
                 f"{self.id}: {pending} sent message(s) not confirmed by the broker{cause}; "
-                "they may still be enqueued"
+                "they may still be enqueued",
+                unconfirmed=pending,
             )
 
     def __enter__(self) -> MessageProducer:
@@ -390,7 +392,7 @@ class MessageProducer:
                 return
             now = self._clock()
             publishes = self._window.take(now)
-            due = self._window.resend_due()
+            due = self._window.publish_due()
         try:
             if publishes:
                 channel.publish_many(
@@ -408,6 +410,8 @@ class MessageProducer:
                 self._window.ack(publishes[-1].tag, True)
                 self._cond.notify_all()
         if due is not None and (self._timer_at is None or self._timer_at > due):
+            # After a take, only a retry backoff can be due (at once would
+            # have been taken); the timer publishes when it ends.
             self._timer_at = due
             self._session.connection._call_later(max(due - self._clock(), 0.0), self._on_timer)
 
@@ -423,9 +427,11 @@ class MessageProducer:
                 self._window.ack(tag, multiple)
             else:
                 self._window.nack(tag, multiple, self._clock())
-            retrying = self._window.retrying
+            # Not only while retrying: the ack that ends a retry must also
+            # publish what was accepted before the nack and held since.
+            due = self._window.publish_due()
             self._cond.notify_all()
-        if retrying:
+        if due is not None:
             self._pump()
 
     def on_flow(self, active: bool) -> None:
@@ -463,6 +469,9 @@ class MessageProducer:
         the next channel."""
         with self._cond:
             old, self._channel = self._channel, None
+            # A re-send timer armed on the lost connection's I/O loop dies
+            # with it; a stale mark would stop the next one being armed.
+            self._timer_at = None
             if self._window.gate.state is Gate.CLOSED:
                 return
             notices = self._window.handle(GateEvent.CONNECTION_LOST)

@@ -36,6 +36,7 @@ def test_public_names_are_pinned() -> None:
             "TextMessage",
             "Topic",
             "TransactionRolledBackError",
+            "UnconfirmedMessagesError",
             "json_formatter",
             "system_properties",
         ]
