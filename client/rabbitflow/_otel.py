@@ -58,8 +58,8 @@ def start_send(message: Message, target: Destination) -> Any:
             "messaging.rabbitmq.destination.routing_key": target.routing_key,
         },
     )
-    if not span.is_recording():
-        return span
+    if not span.is_recording():  # no tracer provider configured: cost nothing more
+        return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
     for key in ("traceparent", "tracestate"):

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _otel
 from ._destination import Destination, Queue, Topic
 from ._exceptions import (
     FlowControlTimeoutError,
@@ -192,20 +193,26 @@ class MessageProducer:
         message.delivery_mode = delivery_mode
         message.priority = priority
         message.expiration = now_ms + time_to_live if time_to_live else 0
+        span = _otel.start_send(message, target)  # None unless tracing is on
         outgoing = _Outgoing(
             target.exchange, target.routing_key, message.body_bytes(), message.to_wire()
         )
-        self._session.connection._wait_usable()
-        with self._cond:
-            self._wait_for_room(target)
-            self._window.accept(outgoing)
-            schedule = not self._pump_scheduled
-            self._pump_scheduled = True
-            if schedule:
-                self._pump_posted_at = self._clock()
-                self._pumps_pending.add(id(self))
-            else:
-                self._hand_off()
+        try:
+            self._session.connection._wait_usable()
+            with self._cond:
+                waited = self._wait_for_room(target, span)
+                self._window.accept(outgoing)
+                schedule = not self._pump_scheduled
+                self._pump_scheduled = True
+                if schedule:
+                    self._pump_posted_at = self._clock()
+                    self._pumps_pending.add(id(self))
+                else:
+                    self._hand_off()
+        except BaseException as exc:
+            _otel.end_send(span, exc)
+            raise
+        _otel.end_send(span, None, waited)
         if schedule:
             self._session.connection._post(self._pump)
 
@@ -282,17 +289,22 @@ class MessageProducer:
             "capacity": self.capacity,
         }
 
-    def _wait_for_room(self, target: Destination) -> None:
-        """Wait (holding ``_cond``) until the window accepts; see send()."""
+    def _wait_for_room(self, target: Destination, span: Any = None) -> float:
+        """Wait (holding ``_cond``) until the window accepts; return the
+        seconds waited under a flow signal.  See send()."""
         wait: SendWait | None = None
+        flow_started: float | None = None
         while True:
             if self._closed:
                 raise IllegalStateError(f"{self.id} is closed")
             if self._error is not None:
                 raise self._error
             if self._window.can_accept():
-                return
+                return 0.0 if flow_started is None else self._clock() - flow_started
             now = self._clock()
+            if flow_started is None and self._window.flow_signalled:
+                flow_started = now
+                _otel.blocked(span, self._window.wait_reason())
             if self._window.gate.state is Gate.DISCONNECTED:
                 # Not broker flow control: recovery decides; its failure sets _error.
                 wait = None

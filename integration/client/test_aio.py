@@ -105,9 +105,12 @@ async def test_every_task_times_out_on_a_full_reject_publish_queue_then_nacked_o
             delayed = f"Message send delayed by {seconds}s due to broker enforced flow control"
             assert warnings.count(delayed) == tasks
         errors = client_messages(caplog.records, logging.ERROR)
-        assert errors.count(
-            "Message send failed due to timeout waiting on broker enforced flow control"
-        ) == tasks
+        assert (
+            errors.count(
+                "Message send failed due to timeout waiting on broker enforced flow control"
+            )
+            == tasks
+        )
 
         # The accepted messages were nacked; drain the queue and the SDK
         # re-sends them although no task sends again.
@@ -193,8 +196,7 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         await stuck.send(session.create_text_message("nacked"))
         await _until(lambda: stuck.nacked_count >= 1, 10, "the nack")
         waiting = [
-            asyncio.create_task(stuck.send(session.create_text_message(str(n))))
-            for n in range(100)
+            asyncio.create_task(stuck.send(session.create_text_message(str(n)))) for n in range(100)
         ]
         ticker = _Ticker()
         ticking = asyncio.create_task(ticker.run())
@@ -226,7 +228,9 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         p95 = statistics.quantiles(lags, n=20)[-1]
         # 20 ms: the loop answers other work within a frame even while send()
         # suspends 100 tasks or 50 tasks keep the window full.
-        assert p95 <= 0.020, f"{label}: loop lag p95 {p95 * 1000:.1f} ms (max {max(lags) * 1000:.1f})"
+        assert p95 <= 0.020, (
+            f"{label}: loop lag p95 {p95 * 1000:.1f} ms (max {max(lags) * 1000:.1f})"
+        )
 
 
 class _DepthSampler(threading.Thread):
@@ -303,8 +307,11 @@ async def test_gateway_flow_holds_twenty_tasks_sharing_a_connection(
             await _until(
                 lambda: all(p.unconfirmed_count == 0 for p in producers), 30, "every confirm"
             )
-            await _until(lambda: collector is not None and collector.count >= tasks * each,
-                         30, "every message")
+            await _until(
+                lambda: collector is not None and collector.count >= tasks * each,
+                30,
+                "every message",
+            )
     finally:
         sampler.stop()
         bodies = collector.stop() if collector is not None else []
@@ -372,7 +379,8 @@ async def test_client_acknowledge_on_asyncio(
         connection.start()
         first = await consumer.receive(10)
         second = await consumer.receive(10)
-        assert first is not None and second is not None
+        assert first is not None
+        assert second is not None
         second.acknowledge()  # acknowledges both, as in JMS
         await consumer.close()  # the third, unacknowledged, goes back
     assert drain(broker.url, name) == [b"3"]
