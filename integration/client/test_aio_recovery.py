@@ -77,7 +77,7 @@ async def _run_producers(
         return connection.reconnect_count
 
 
-PLANS = {
+PLANS: dict[str, list[Cut | None]] = {
     "after-publishes": [Cut.after_publishes(1500)],
     "at-channel-open-of-reconnection": [Cut.after_publishes(1500), Cut.at_channel_open(2)],
     "at-first-publish-of-reconnection": [Cut.after_publishes(1500), Cut.after_publishes(0)],
