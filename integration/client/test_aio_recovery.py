@@ -33,6 +33,7 @@ RECOVERY = {
     "rabbitflow.reconnect_initial_delay": 50,
     "rabbitflow.reconnect_max_delay": 500,
     "rabbitflow.reconnect_timeout": 120000,
+    "rabbitflow.reconnect_attempts": 1000,  # a node restart takes tens of seconds
     "qpid.flow_control_wait_failure": 120000,
 }
 
