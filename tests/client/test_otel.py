@@ -4,6 +4,8 @@ consumer's span links to the producer's through the ``traceparent`` header."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 pytest.importorskip("opentelemetry.sdk")
@@ -17,6 +19,7 @@ from opentelemetry.trace import SpanKind
 import rabbitflow
 from rabbitflow._flow import GateEvent
 
+from .aio_fakes import Broker, fake_factory
 from .fakes import make_harness
 
 _EXPORTER = InMemorySpanExporter()
@@ -119,3 +122,26 @@ def test_the_consumer_span_links_to_the_producer_span(spans: InMemorySpanExporte
     assert receive.name == "receive orders"
     assert [link.context.span_id for link in receive.links] == [send.context.span_id]
     assert [link.context.trace_id for link in receive.links] == [send.context.trace_id]
+
+
+@pytest.mark.asyncio
+async def test_an_aio_send_held_by_flow_control_carries_its_wait(
+    spans: InMemorySpanExporter,
+) -> None:
+    broker = Broker(queues={"orders"})
+    connection = await fake_factory(broker).create_connection()
+    session = connection.create_session()
+    producer = await session.create_producer(rabbitflow.Queue("orders"))
+    channel = broker.transports[-1].channels[-1]
+    channel.emit_flow(False)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, channel.emit_flow, True)
+    message = session.create_text_message("held")
+    await producer.send(message)
+    span = _one(spans, SpanKind.PRODUCER)
+    attributes = dict(span.attributes or {})
+    assert attributes["messaging.message.id"] == message.message_id
+    waited_ms = attributes["rabbitflow.flow_control.wait_ms"]
+    assert isinstance(waited_ms, float | int)
+    assert 250 <= waited_ms <= 5000
+    assert [e.name for e in span.events] == ["flow_control.blocked"]
