@@ -384,3 +384,44 @@ async def test_client_acknowledge_on_asyncio(
         second.acknowledge()  # acknowledges both, as in JMS
         await consumer.close()  # the third, unacknowledged, goes back
     assert drain(broker.url, name) == [b"3"]
+
+
+@pytest.mark.asyncio
+async def test_the_connection_flow_limit_is_one_total_for_its_consumers(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    names = [unique_name("aio-connlimit-a"), unique_name("aio-connlimit-b")]
+    cleanup_queues.extend(names)
+    each, total_limit = 400, 30
+    for name in names:
+        declare_queue(broker.url, name)
+        publish_bodies(broker.url, name, (str(n).encode() for n in range(each)))
+    factory = aio.ConnectionFactory(
+        broker.url,
+        properties={
+            "imqConsumerFlowLimit": 25,
+            "imqConnectionFlowLimitEnabled": "true",
+            "imqConnectionFlowLimit": total_limit,
+        },
+    )
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        consumers = [await session.create_consumer(await session.create_queue(n)) for n in names]
+        connection.start()
+        peak = 0
+
+        async def read(consumer: aio.MessageConsumer) -> list[int]:
+            nonlocal peak
+            got: list[int] = []
+            while len(got) < each:
+                message = await consumer.receive(10)
+                assert message is not None, f"stalled after {len(got)}"
+                assert isinstance(message, rabbitflow.TextMessage | rabbitflow.BytesMessage)
+                got.append(int(message.body_bytes()))
+                peak = max(peak, connection.buffered_count)
+                await asyncio.sleep(0)  # let the other consumer's deliveries in
+            return got
+
+        results = await asyncio.wait_for(asyncio.gather(*(read(c) for c in consumers)), 60)
+    assert peak <= total_limit
+    assert results == [list(range(each)), list(range(each))]
