@@ -206,7 +206,8 @@ async def test_tasks_lose_nothing_across_a_rabbitmq_restart(
         node.stop()
         node.start()
 
-    reconnects = await _run_producers(throwaway_broker.url, queues, count, restart, pace=0.0005)
+    # Paced (about 2 ms a message) so that the node goes down mid-stream.
+    reconnects = await _run_producers(throwaway_broker.url, queues, count, restart, pace=0.002)
     assert reconnects >= 1
     for name in queues:
         received = numbers(drain(throwaway_broker.url, name))
