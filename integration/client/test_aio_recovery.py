@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pika
+import pika.exceptions
 import pytest
 
 from rabbitflow import aio
@@ -141,6 +143,16 @@ class _Gateway:
             stderr=self._log,
         )
         wait_for_amqp("127.0.0.1", self.port, 30)
+        # The gateway refuses logins until its first routing snapshot.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                pika.BlockingConnection(pika.URLParameters(self.url)).close()
+                return
+            except pika.exceptions.AMQPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
     def kill(self) -> None:
         assert self._process is not None
