@@ -1,8 +1,9 @@
 """OpenTelemetry spans for sends and receives (optional: ``rabbitflow[otel]``).
 
-Without ``opentelemetry-api`` installed every function here is a no-op and
-costs one ``None`` check.  With it, the SDK uses the global tracer provider
-the application configured (the library never configures one):
+Without ``opentelemetry-api`` installed, or while the application has not
+set a tracer provider, every function here is a no-op that costs one check.
+Otherwise the SDK uses the global tracer provider the application
+configured (the library never configures one):
 
 * a producer span ``send <destination>`` per ``send()`` (kind PRODUCER),
   with the messaging semantic conventions ``messaging.system=rabbitmq``,
@@ -37,16 +38,29 @@ _SCOPE = "rabbitflow"
 _WAIT_ATTRIBUTE = "rabbitflow.flow_control.wait_ms"
 
 
+_cached: tuple[Any, Any] | None = None  # (provider, its tracer)
+
+
 def _tracer() -> Any:
-    return trace.get_tracer(_SCOPE)
+    """The tracer of the application's provider; None while none is
+    configured (then a send costs this check only)."""
+    global _cached
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(_SCOPE))
+    return cached[1]
 
 
 def start_send(message: Message, target: Destination) -> Any:
     """Start the producer span of one send and put its context in the
     message's properties; None when tracing is off."""
-    if not _ENABLED:
+    tracer = _tracer() if _ENABLED else None
+    if tracer is None:
         return None
-    span = _tracer().start_span(
+    span = tracer.start_span(
         f"send {target.name}",
         kind=SpanKind.PRODUCER,
         attributes={
@@ -97,7 +111,8 @@ def end_send(span: Any, error: BaseException | None, waited_s: float = 0.0) -> N
 def receive_span(message: Message, destination: Destination) -> None:
     """Record the consumer span of a message handed to the application,
     linked to the span of the send that produced it."""
-    if not _ENABLED:
+    tracer = _tracer() if _ENABLED else None
+    if tracer is None:
         return
     parent = message.get_property("traceparent")
     links = []
@@ -109,7 +124,7 @@ def receive_span(message: Message, destination: Destination) -> None:
         context = trace.get_current_span(propagate.extract(carrier)).get_span_context()
         if context.is_valid:
             links.append(Link(context))
-    span = _tracer().start_span(
+    span = tracer.start_span(
         f"receive {destination.name}",
         kind=SpanKind.CONSUMER,
         links=links,
