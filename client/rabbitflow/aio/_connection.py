@@ -309,6 +309,12 @@ class Connection:
             self._usable.clear()
             await self._usable.wait()
 
+    def _is_usable(self) -> bool:
+        return self._link.usable
+
+    def _is_started(self) -> bool:
+        return self._started
+
     def _closed_meanwhile(self) -> bool:
         return self._link.closed
 

@@ -16,7 +16,7 @@ from .._transport import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._context import ConsumerContext
     from ._transport import AioChannel
 
 __all__ = ["MessageConsumer"]
@@ -34,10 +34,15 @@ class MessageConsumer:
     """
 
     def __init__(
-        self, session: Session, destination: Destination, queue: str, *, subscription: str | None
+        self,
+        context: ConsumerContext,
+        destination: Destination,
+        queue: str,
+        *,
+        subscription: str | None,
     ) -> None:
         self.id = next(_ids)
-        self._session = session
+        self._context = context
         self._destination = destination
         self._queue = queue
         self.subscription = subscription
@@ -65,7 +70,7 @@ class MessageConsumer:
 
     def flow_stats(self) -> ConsumerFlowStats:
         """Delivered / processed / buffered counters and credit grant sizes."""
-        return self._session.connection._flow_stats(self.id)
+        return self._context.flow_stats(self.id)
 
     async def receive(self, timeout: float | None = None) -> Message | None:
         """The next message; waits up to ``timeout`` seconds (None: forever).
@@ -78,13 +83,13 @@ class MessageConsumer:
         """
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        connection = self._session.connection
+        started = self._context.started
         while True:
             if self._closed:
                 raise IllegalStateError("consumer is closed")
             if self._error is not None:
                 raise self._error
-            if self._buffer and connection.started:
+            if self._buffer and started():
                 generation, delivery = self._buffer.popleft()
                 break
             remaining = None if deadline is None else deadline - loop.time()
@@ -102,9 +107,9 @@ class MessageConsumer:
             if self._is_closed():
                 return None
         try:
-            message = self._session._to_message(self, generation, delivery)
+            message = self._context.to_message(self, generation, delivery)
         finally:
-            self._session._processed(self, generation, delivery)
+            self._context.processed(self, generation, delivery)
         _otel.receive_span(message, self._destination)
         return message
 
@@ -118,13 +123,13 @@ class MessageConsumer:
             raise IllegalStateError("consumer is closed")
         if self._error is not None:
             raise self._error
-        if not self._buffer or not self._session.connection.started:
+        if not self._buffer or not self._context.started():
             return None
         generation, delivery = self._buffer.popleft()
         try:
-            message = self._session._to_message(self, generation, delivery)
+            message = self._context.to_message(self, generation, delivery)
         finally:
-            self._session._processed(self, generation, delivery)
+            self._context.processed(self, generation, delivery)
         _otel.receive_span(message, self._destination)
         return message
 
@@ -149,7 +154,7 @@ class MessageConsumer:
         self._closed = True
         self._buffer.clear()
         self._wake()
-        await self._session._consumer_closed(self)
+        await self._context.closed(self)
 
     async def __aenter__(self) -> MessageConsumer:
         return self
@@ -180,7 +185,7 @@ class MessageConsumer:
         """A message arrived: buffer it."""
         if self._closed:
             return
-        self._session.connection._flow_delivered(self.id)
+        self._context.flow_delivered(self.id)
         self._buffer.append((self._generation, delivery))
         self._wake()
 
@@ -188,7 +193,7 @@ class MessageConsumer:
         """The broker closed the consumer's channel or cancelled it."""
         self._error = error
         self._wake()
-        self._session.connection._report(error)
+        self._context.report(error)
 
     def _attach(self, channel: AioChannel) -> None:
         self._channel = channel

@@ -37,7 +37,7 @@ from .._transport import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:
-    from ._session import Session
+    from ._context import ProducerContext
     from ._transport import AioChannel
 
 __all__ = ["MessageProducer"]
@@ -58,13 +58,15 @@ class MessageProducer:
     waits in ``send()`` has not sent its message; the producer stays usable.
     """
 
-    def __init__(self, session: Session, destination: Destination | None, capacity: int) -> None:
-        config = session.connection.config
+    def __init__(
+        self, context: ProducerContext, destination: Destination | None, capacity: int
+    ) -> None:
+        config = context.config
         self.id = f"aio-producer-{next(_ids)}"
-        self._session = session
+        self._context = context
         self._destination = destination
         self._config = config
-        self._clock = session.connection.clock
+        self._clock = context.clock
         self._loop = asyncio.get_running_loop()
         self._window: ProducerWindow[_Outgoing] = ProducerWindow(
             capacity,
@@ -159,8 +161,8 @@ class MessageProducer:
         message.expiration = now_ms + time_to_live if time_to_live else 0
         span = _tracing.start_send(message, target)
         try:
-            if not self._session.connection._link.usable or not self._window.can_accept():
-                await self._session.connection._wait_usable()
+            if not self._context.usable() or not self._window.can_accept():
+                await self._context.wait_usable()
                 waited = await self._wait_for_room(target, span)
             else:
                 waited = 0.0
@@ -204,7 +206,7 @@ class MessageProducer:
         for handle in (self._pump_handle, self._timer):
             if handle is not None:
                 handle.cancel()
-        self._session._producer_closed(self)
+        self._context.closed(self)
         if self._channel is not None:
             await self._channel.close()
         if pending:
@@ -399,7 +401,7 @@ class MessageProducer:
         """The broker closed the producer's channel: sends fail from now on."""
         self._error = error
         self._notify()
-        self._session.connection._report(error)
+        self._context.report(error)
 
     def _gate(self, event: GateEvent, reason: str = "") -> None:
         if self._window.gate.state is Gate.CLOSED:

@@ -19,6 +19,7 @@ from .._message import BytesMessage, Message, TextMessage
 from .._session import AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, _AdminHandler
 from .._transport import Delivery
 from ._consumer import MessageConsumer
+from ._context import ConsumerContext, ProducerContext
 from ._producer import MessageProducer
 
 if TYPE_CHECKING:
@@ -146,12 +147,35 @@ class Session:
             raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        producer = MessageProducer(self, destination, capacity)
+        producer = MessageProducer(self._producer_context(), destination, capacity)
         channel = await self._rpc(lambda: self._producer_channel(producer))
         producer._attach(channel)
         self._producers.append(producer)
         self.connection._register_producer(producer)
         return producer
+
+    def _producer_context(self) -> ProducerContext:
+        connection = self.connection
+        return ProducerContext(
+            config=connection.config,
+            clock=connection.clock,
+            usable=connection._is_usable,
+            wait_usable=connection._wait_usable,
+            report=connection._report,
+            closed=self._producer_closed,
+        )
+
+    def _consumer_context(self) -> ConsumerContext:
+        connection = self.connection
+        return ConsumerContext(
+            started=connection._is_started,
+            report=connection._report,
+            flow_stats=connection._flow_stats,
+            flow_delivered=connection._flow_delivered,
+            to_message=self._to_message,
+            processed=self._processed,
+            closed=self._consumer_closed,
+        )
 
     async def _producer_channel(self, producer: MessageProducer) -> AioChannel:
         channel = await self.connection._open_channel(producer)
@@ -183,7 +207,7 @@ class Session:
             queue = await self._rpc(lambda: self._subscribe(destination, ""))
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        consumer = MessageConsumer(self, destination, queue, subscription=None)
+        consumer = MessageConsumer(self._consumer_context(), destination, queue, subscription=None)
         await self._start_consumer(consumer)
         return consumer
 
@@ -195,7 +219,7 @@ class Session:
         Queue(name)
         queue = await self._rpc(lambda: self._subscribe(topic, name))
         self._record("subscription", topic.name, name)
-        consumer = MessageConsumer(self, topic, queue, subscription=name)
+        consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
         await self._start_consumer(consumer)
         return consumer
 
