@@ -228,3 +228,29 @@ async def test_async_for_hands_out_deliveries_in_order_and_ends_at_close() -> No
     await asyncio.wait_for(reading, 1)
     assert got == ["1", "2", "3"]
     assert channel.prefetch  # the flow machine set the consumer's credit
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_asks_for_the_next_batch_at_its_threshold() -> None:
+    broker = Broker(queues={"orders"})
+    factory = fake_factory(broker, {"imqConsumerFlowLimit": 10, "imqConsumerFlowThreshold": 50})
+    connection = await factory.create_connection()
+    session = connection.create_session()
+    consumer = await session.create_consumer(rabbitflow.Queue("orders"))
+    channel = broker.transports[-1].channels[-1]
+    connection.start()
+    assert channel.prefetch == [10]  # the first batch: the whole limit
+    assert channel.consuming
+    for tag in range(1, 11):
+        channel.emit_deliver(tag, str(tag).encode())
+    assert consumer.flow_stats().buffered == 10
+    for _ in range(4):
+        assert await consumer.receive(0) is not None
+    assert channel.prefetch == [10]  # 6 buffered: above the threshold of 5
+    assert await consumer.receive(0) is not None
+    # Down to the threshold: the five processed are acked, which grants five
+    # more credits (the prefetch count, buffered + credit, stays 10).
+    assert channel.acks == [(5, True)]
+    stats = consumer.flow_stats()
+    assert (stats.buffered, stats.credit, stats.grants) == (5, 5, (10, 5))
+    assert channel.prefetch == [10]
