@@ -51,6 +51,9 @@ class FakeAioChannel:
     async def queue_bind(self, queue: str, exchange: str, routing_key: str) -> None:
         pass
 
+    async def queue_delete(self, queue: str) -> None:
+        self.transport.broker.queues.discard(queue)
+
     async def close(self) -> None:
         self.closed = True
 

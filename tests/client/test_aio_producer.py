@@ -254,3 +254,42 @@ async def test_a_consumer_asks_for_the_next_batch_at_its_threshold() -> None:
     stats = consumer.flow_stats()
     assert (stats.buffered, stats.credit, stats.grants) == (5, 5, (10, 5))
     assert channel.prefetch == [10]
+
+
+@pytest.mark.asyncio
+async def test_recover_moves_consumers_to_new_channels_and_hands_out_nothing_old() -> None:
+    broker = Broker(queues={"orders"})
+    connection = await fake_factory(broker).create_connection()
+    session = connection.create_session(rabbitflow.CLIENT_ACKNOWLEDGE)
+    consumer = await session.create_consumer(rabbitflow.Queue("orders"))
+    old = broker.transports[-1].channels[-1]
+    connection.start()
+    for tag in (1, 2, 3):
+        old.emit_deliver(tag, str(tag).encode())
+    first = await consumer.receive(0)
+    assert first is not None
+    await session.recover()
+    new = broker.transports[-1].channels[-1]
+    assert new is not old
+    assert old.closed  # the broker redelivers its unacknowledged messages
+    assert await consumer.receive(0) is None  # nothing of the old channel
+    with pytest.raises(rabbitflow.StaleMessageError):
+        first.acknowledge()
+    new.emit_deliver(1, b"1")
+    again = await consumer.receive(0)
+    assert again is not None
+    assert again.text == "1"  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_unsubscribe_deletes_the_durable_subscription_queue() -> None:
+    broker = Broker()
+    connection = await fake_factory(broker).create_connection()
+    session = connection.create_session()
+    subscriber = await session.create_durable_subscriber(
+        await session.create_topic("prices"), "audit"
+    )
+    assert "audit" in broker.queues
+    await subscriber.close()
+    await session.unsubscribe("audit")
+    assert "audit" not in broker.queues

@@ -286,6 +286,38 @@ class Session:
         for consumer in list(self._consumers):
             self.connection._flow_acknowledged(consumer.id)
 
+    async def recover(self) -> None:
+        """Redeliver every unacknowledged message of this session: each
+        consumer gets a new channel (closing the old one returns its
+        unacknowledged messages to the queue) and fresh flow accounting.
+
+        Raises:
+            IllegalStateError: the session is closed.
+        """
+        self._check_open()
+        for consumer in list(self._consumers):
+            old = consumer._channel
+            if old is not None:
+                await old.close()
+            channel = await self._rpc(functools.partial(self.connection._open_channel, consumer))
+            consumer._attach(channel)
+            self.connection._reset_consumer_flow(consumer)
+
+    async def unsubscribe(self, name: str) -> None:
+        """Delete the durable subscription ``name`` (its queue).
+
+        Raises:
+            IllegalStateError: the session is closed.
+            BrokerError: the broker refused.
+        """
+        self._check_open()
+
+        async def delete() -> None:
+            await (await self._admin()).queue_delete(name)
+
+        await self._rpc(delete)
+        self._declared = [d for d in self._declared if d[2] != name]
+
     # ------------------------------------------------------------- close
     async def close(self) -> None:
         """Close producers (waiting for their confirms) and consumers (idempotent).

@@ -183,6 +183,10 @@ class AioChannel:
             )
         )
 
+    async def queue_delete(self, queue: str) -> None:
+        """Delete ``queue``."""
+        await self._rpc(lambda cb: self._channel.queue_delete(queue, callback=cb))
+
     async def close(self) -> None:
         """Close the channel (no error if it is already closed)."""
         if self.closed or self.closing:
