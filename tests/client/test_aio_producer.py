@@ -293,3 +293,21 @@ async def test_unsubscribe_deletes_the_durable_subscription_queue() -> None:
     await subscriber.close()
     await session.unsubscribe("audit")
     assert "audit" not in broker.queues
+
+
+@pytest.mark.asyncio
+async def test_tasks_waiting_on_a_full_window_go_in_the_order_they_came() -> None:
+    broker, _, session, producer, channel = await _setup(capacity=1)
+    await producer.send(session.create_text_message("first"))
+    await asyncio.sleep(0)
+    waiting = []
+    for n in range(6):
+        waiting.append(asyncio.create_task(producer.send(session.create_text_message(f"w{n}"))))
+        await asyncio.sleep(0)  # each starts waiting before the next is created
+    for tag in range(1, 7):
+        channel.emit_ack(tag)
+        expected = tag + 1
+        await _until(lambda: len(broker.published) == expected, f"publish {expected}")  # noqa: B023
+    channel.emit_ack(7)
+    await asyncio.gather(*waiting)
+    assert _bodies(broker) == [b"first", *(f"w{n}".encode() for n in range(6))]

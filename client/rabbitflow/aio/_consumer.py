@@ -47,7 +47,8 @@ class MessageConsumer:
         self._queue = queue
         self.subscription = subscription
         self._buffer: collections.deque[tuple[int, Delivery]] = collections.deque()
-        self._waiters: set[asyncio.Future[None]] = set()
+        # In arrival order: woken oldest first, so no waiting task is starved.
+        self._waiters: dict[asyncio.Future[None], None] = {}
         self._channel: AioChannel | None = None
         self._generation = 0
         self._closed = False
@@ -96,14 +97,14 @@ class MessageConsumer:
             if remaining is not None and remaining <= 0:
                 return None
             future: asyncio.Future[None] = loop.create_future()
-            self._waiters.add(future)
+            self._waiters[future] = None
             handle = None if remaining is None else loop.call_later(remaining, settle, future)
             try:
                 await future
             finally:
                 if handle is not None:
                     handle.cancel()
-                self._waiters.discard(future)
+                self._waiters.pop(future, None)
             if self._is_closed():
                 return None
         try:
@@ -167,7 +168,7 @@ class MessageConsumer:
 
     # ------------------------------------------------ ChannelHandler (loop)
     def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}
         for future in waiters:
             if not future.done():
                 future.set_result(None)

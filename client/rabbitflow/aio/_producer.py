@@ -74,7 +74,8 @@ class MessageProducer:
             backoff_max=config.nack_backoff_max_ms / 1000,
         )
         self._channel: AioChannel | None = None
-        self._waiters: set[asyncio.Future[None]] = set()
+        # In arrival order: woken oldest first, so no waiting task is starved.
+        self._waiters: dict[asyncio.Future[None], None] = {}
         self._pump_handle: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -254,7 +255,7 @@ class MessageProducer:
         }
 
     def _notify(self) -> None:
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, {}
         for future in waiters:
             if not future.done():
                 future.set_result(None)
@@ -262,13 +263,13 @@ class MessageProducer:
     async def _changed(self, timeout: float) -> None:
         """Suspend until the window or gate changes, or ``timeout`` seconds pass."""
         future: asyncio.Future[None] = self._loop.create_future()
-        self._waiters.add(future)
+        self._waiters[future] = None
         handle = self._loop.call_later(max(timeout, 0.0), settle, future)
         try:
             await future
         finally:
             handle.cancel()
-            self._waiters.discard(future)
+            self._waiters.pop(future, None)
 
     async def _wait_for_room(self, target: Destination, span: Any) -> float:
         """Suspend until the window accepts; return the seconds waited under
