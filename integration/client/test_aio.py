@@ -261,18 +261,22 @@ class _DepthSampler(threading.Thread):
         self._halt = threading.Event()
         self.peak = 0
         self.samples = 0
+        self.error: BaseException | None = None
 
     def run(self) -> None:
-        connection = pika.BlockingConnection(pika.URLParameters(self._url))
         try:
-            channel = connection.channel()
-            while not self._halt.is_set():
-                depth = channel.queue_declare(self._queue, passive=True).method.message_count
-                self.peak = max(self.peak, depth)
-                self.samples += 1
-                self._halt.wait(0.01)
-        finally:
-            connection.close()
+            connection = pika.BlockingConnection(pika.URLParameters(self._url))
+            try:
+                channel = connection.channel()
+                while not self._halt.is_set():
+                    depth = channel.queue_declare(self._queue, passive=True).method.message_count
+                    self.peak = max(self.peak, depth)
+                    self.samples += 1
+                    connection.process_data_events(0.01)  # also answers heartbeats
+            finally:
+                connection.close()
+        except BaseException as exc:
+            self.error = exc
 
     def stop(self) -> None:
         self._halt.set()
@@ -334,6 +338,7 @@ async def test_gateway_flow_holds_twenty_tasks_sharing_a_connection(
     finally:
         sampler.stop()
         bodies = collector.stop() if collector is not None else []
+    assert sampler.error is None, repr(sampler.error)
     assert sampler.samples > 10
     assert sampler.peak <= stop + tasks * capacity, f"peak {sampler.peak}"
     assert sampler.peak >= stop  # the run did reach the threshold
