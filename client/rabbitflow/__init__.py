@@ -24,6 +24,7 @@ from ._exceptions import (
     StaleMessageError,
     TLSError,
     TransactionRolledBackError,
+    UnconfirmedMessagesError,
 )
 from ._log import LOGGER_NAME, json_formatter
 from ._message import NON_PERSISTENT, PERSISTENT, BytesMessage, Message, TextMessage
@@ -71,6 +72,7 @@ __all__ = [
     "TextMessage",
     "Topic",
     "TransactionRolledBackError",
+    "UnconfirmedMessagesError",
     "json_formatter",
     "system_properties",
 ]

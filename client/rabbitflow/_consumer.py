@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import _otel
 from ._consumer_flow import ConsumerFlowStats
 from ._destination import Destination, Queue, Topic
 from ._exceptions import IllegalStateError, JMSException
@@ -121,6 +122,7 @@ class MessageConsumer:
         except JMSException:
             self._session._processed(self, generation, delivery)
             raise
+        _otel.receive_span(message, self._destination)
         if not listening:
             self._session._processed(self, generation, delivery)
             return message

@@ -1,14 +1,20 @@
 """The rabbitflow exception tree.
 
-Branches follow what the caller can do about the failure::
+Branches follow what the caller can do about the failure; each also derives
+from the builtin exception a Python caller would catch (in brackets)::
 
     JMSException                      every error raised by rabbitflow
-    ├── ConnectionLostError           recovery gave up; make a new connection
+    ├── ConnectionLostError           [ConnectionError] recovery gave up, or the
+    │                                 broker cannot be reached; make a new connection
     ├── TLSError                      the TLS handshake failed (broker certificate
     │                                 not trusted, client certificate refused):
     │                                 fix the CA / certificate settings
-    ├── FlowControlTimeoutError       send() waited too long under flow control;
-    │                                 the message was not sent, retry later
+    ├── FlowControlTimeoutError       [TimeoutError] send() waited too long under
+    │                                 flow control; the message was not sent,
+    │                                 retry later
+    ├── UnconfirmedMessagesError      close() could not get every sent message
+    │                                 confirmed; ``unconfirmed`` says how many
+    │                                 (they may still be enqueued)
     ├── BrokerError                   the broker refused an operation
     │   ├── ProtocolError             unexpected frame / channel or connection
     │   │                             closed by the broker
@@ -17,9 +23,9 @@ Branches follow what the caller can do about the failure::
     ├── IllegalStateError             the object is closed or in the wrong mode
     │   └── StaleMessageError         acknowledge() of a message whose channel
     │                                 was lost: the broker delivers it again
-    ├── MessageFormatError            a body or header of the wrong type
-    └── InvalidPropertyError          (also ValueError) a bad configuration
-                                      property or argument; names the item
+    ├── MessageFormatError            [TypeError] a body or header of the wrong type
+    └── InvalidPropertyError          [ValueError] a bad configuration property
+                                      or argument; names the item
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ __all__ = [
     "StaleMessageError",
     "TLSError",
     "TransactionRolledBackError",
+    "UnconfirmedMessagesError",
 ]
 
 
@@ -44,8 +51,9 @@ class JMSException(Exception):
     """Root of every exception rabbitflow raises."""
 
 
-class ConnectionLostError(JMSException):
-    """The connection to the broker was lost and recovery gave up."""
+class ConnectionLostError(JMSException, ConnectionError):
+    """The connection to the broker was lost and recovery gave up (or the
+    broker could not be reached at all).  Also a builtin ``ConnectionError``."""
 
 
 class TLSError(JMSException):
@@ -53,11 +61,25 @@ class TLSError(JMSException):
     "TLS certificate verification failed: ...").  Retrying will not help."""
 
 
-class FlowControlTimeoutError(JMSException):
+class FlowControlTimeoutError(JMSException, TimeoutError):
     """send() was held by broker flow control past the wait-failure time.
 
-    The message was not sent.
+    The message was not sent.  Also a builtin ``TimeoutError``.
     """
+
+
+class UnconfirmedMessagesError(JMSException):
+    """A producer's (or its session's / connection's) ``close()`` could not get
+    every sent message confirmed: the wait reached
+    ``qpid.flow_control_wait_failure``, or the connection failed.
+
+    ``unconfirmed`` is how many; they may still be enqueued (the broker may
+    have taken them without its confirm arriving in time).
+    """
+
+    def __init__(self, message: str, *, unconfirmed: int) -> None:
+        super().__init__(message)
+        self.unconfirmed = unconfirmed
 
 
 class BrokerError(JMSException):
@@ -90,8 +112,8 @@ class StaleMessageError(IllegalStateError):
     again (``redelivered`` set), so process it idempotently."""
 
 
-class MessageFormatError(JMSException):
-    """A message body or header has the wrong type."""
+class MessageFormatError(JMSException, TypeError):
+    """A message body or header has the wrong type.  Also a builtin ``TypeError``."""
 
 
 class InvalidPropertyError(JMSException, ValueError):

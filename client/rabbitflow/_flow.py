@@ -284,11 +284,27 @@ class ProducerWindow(Generic[T]):
             return "window_full"
         return ""
 
+    def publish_due(self) -> float | None:
+        """When ``take`` will next return something, else None.
+
+        None while the gate is shut, nothing is queued, or (in retry) a
+        re-sent message awaits its confirm; the backoff end in retry; 0.0
+        (at once) otherwise.  The driver asks after every confirm and every
+        ``take``: a message accepted while a nack arrived stays queued when
+        its own publish turn found the window in retry, and only this
+        answer tells the driver to publish it once the retry ends.
+        """
+        if not self.gate.is_open or not self._queued:
+            return None
+        if self._retry:
+            return None if self._unconfirmed else self._resend_at
+        return 0.0
+
     def resend_due(self) -> float | None:
         """When queued messages can next be published in retry, else None."""
-        if not self._retry or not self._queued or self._unconfirmed:
+        if not self._retry:
             return None
-        return self._resend_at
+        return self.publish_due()
 
     # ------------------------------------------------------------ actions
     def accept(self, item: T) -> int:

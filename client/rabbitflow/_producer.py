@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import _otel
 from ._destination import Destination, Queue, Topic
 from ._exceptions import (
     FlowControlTimeoutError,
@@ -15,6 +16,7 @@ from ._exceptions import (
     InvalidDestinationError,
     InvalidPropertyError,
     JMSException,
+    UnconfirmedMessagesError,
 )
 from ._flow import (
     ConnectionBlocked,
@@ -191,20 +193,26 @@ class MessageProducer:
         message.delivery_mode = delivery_mode
         message.priority = priority
         message.expiration = now_ms + time_to_live if time_to_live else 0
+        span = _otel.start_send(message, target)  # None unless tracing is on
         outgoing = _Outgoing(
             target.exchange, target.routing_key, message.body_bytes(), message.to_wire()
         )
-        self._session.connection._wait_usable()
-        with self._cond:
-            self._wait_for_room(target)
-            self._window.accept(outgoing)
-            schedule = not self._pump_scheduled
-            self._pump_scheduled = True
-            if schedule:
-                self._pump_posted_at = self._clock()
-                self._pumps_pending.add(id(self))
-            else:
-                self._hand_off()
+        try:
+            self._session.connection._wait_usable()
+            with self._cond:
+                waited = self._wait_for_room(target, span)
+                self._window.accept(outgoing)
+                schedule = not self._pump_scheduled
+                self._pump_scheduled = True
+                if schedule:
+                    self._pump_posted_at = self._clock()
+                    self._pumps_pending.add(id(self))
+                else:
+                    self._hand_off()
+        except BaseException as exc:
+            _otel.end_send(span, exc)
+            raise
+        _otel.end_send(span, None, waited)
         if schedule:
             self._session.connection._post(self._pump)
 
@@ -214,8 +222,8 @@ class MessageProducer:
         Waits at most ``qpid.flow_control_wait_failure`` (0: not at all).
 
         Raises:
-            JMSException: some sent messages were not confirmed in time, or the
-                connection failed; the text says how many.  They may still be
+            UnconfirmedMessagesError: some sent messages were not confirmed in
+                time, or the connection failed; ``unconfirmed`` says how many.  They may still be
                 enqueued: the broker may have taken them without its confirm
                 arriving in time.
         """
@@ -239,9 +247,10 @@ class MessageProducer:
             self._channel.close()
         if pending:
             cause = f": {error}" if error else f" within {wait_s:g} s"
-            raise JMSException(
+            raise UnconfirmedMessagesError(
                 f"{self.id}: {pending} sent message(s) not confirmed by the broker{cause}; "
-                "they may still be enqueued"
+                "they may still be enqueued",
+                unconfirmed=pending,
             )
 
     def __enter__(self) -> MessageProducer:
@@ -280,17 +289,22 @@ class MessageProducer:
             "capacity": self.capacity,
         }
 
-    def _wait_for_room(self, target: Destination) -> None:
-        """Wait (holding ``_cond``) until the window accepts; see send()."""
+    def _wait_for_room(self, target: Destination, span: Any = None) -> float:
+        """Wait (holding ``_cond``) until the window accepts; return the
+        seconds waited under a flow signal.  See send()."""
         wait: SendWait | None = None
+        flow_started: float | None = None
         while True:
             if self._closed:
                 raise IllegalStateError(f"{self.id} is closed")
             if self._error is not None:
                 raise self._error
             if self._window.can_accept():
-                return
+                return 0.0 if flow_started is None else self._clock() - flow_started
             now = self._clock()
+            if flow_started is None and self._window.flow_signalled:
+                flow_started = now
+                _otel.blocked(span, self._window.wait_reason())
             if self._window.gate.state is Gate.DISCONNECTED:
                 # Not broker flow control: recovery decides; its failure sets _error.
                 wait = None
@@ -390,7 +404,7 @@ class MessageProducer:
                 return
             now = self._clock()
             publishes = self._window.take(now)
-            due = self._window.resend_due()
+            due = self._window.publish_due()
         try:
             if publishes:
                 channel.publish_many(
@@ -408,6 +422,8 @@ class MessageProducer:
                 self._window.ack(publishes[-1].tag, True)
                 self._cond.notify_all()
         if due is not None and (self._timer_at is None or self._timer_at > due):
+            # After a take, only a retry backoff can be due (at once would
+            # have been taken); the timer publishes when it ends.
             self._timer_at = due
             self._session.connection._call_later(max(due - self._clock(), 0.0), self._on_timer)
 
@@ -423,9 +439,11 @@ class MessageProducer:
                 self._window.ack(tag, multiple)
             else:
                 self._window.nack(tag, multiple, self._clock())
-            retrying = self._window.retrying
+            # Not only while retrying: the ack that ends a retry must also
+            # publish what was accepted before the nack and held since.
+            due = self._window.publish_due()
             self._cond.notify_all()
-        if retrying:
+        if due is not None:
             self._pump()
 
     def on_flow(self, active: bool) -> None:
@@ -463,6 +481,9 @@ class MessageProducer:
         the next channel."""
         with self._cond:
             old, self._channel = self._channel, None
+            # A re-send timer armed on the lost connection's I/O loop dies
+            # with it; a stale mark would stop the next one being armed.
+            self._timer_at = None
             if self._window.gate.state is Gate.CLOSED:
                 return
             notices = self._window.handle(GateEvent.CONNECTION_LOST)

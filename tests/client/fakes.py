@@ -187,12 +187,18 @@ class FakeChannel:
         self.closed = True
         self.handler.on_channel_closed(error)
 
-    def emit_deliver(self, tag: int, body: bytes, *, redelivered: bool = False) -> None:
+    def emit_deliver(
+        self,
+        tag: int,
+        body: bytes,
+        *,
+        redelivered: bool = False,
+        properties: WireProperties | None = None,
+    ) -> None:
         if self.detached:
             return
-        self.handler.on_deliver(
-            Delivery(tag, redelivered, "", "q", body, WireProperties(content_type="text/plain"))
-        )
+        props = properties or WireProperties(content_type="text/plain")
+        self.handler.on_deliver(Delivery(tag, redelivered, "", "q", body, props))
 
 
 class FakeTransport:

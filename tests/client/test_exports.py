@@ -1,4 +1,8 @@
+import inspect
+from pathlib import Path
+
 import rabbitflow
+from rabbitflow import aio
 
 
 def test_public_names_are_pinned() -> None:
@@ -36,6 +40,7 @@ def test_public_names_are_pinned() -> None:
             "TextMessage",
             "Topic",
             "TransactionRolledBackError",
+            "UnconfirmedMessagesError",
             "json_formatter",
             "system_properties",
         ]
@@ -75,3 +80,30 @@ def test_acknowledge_modes_and_delivery_modes_are_distinct() -> None:
     }
     assert len(modes) == 4
     assert (rabbitflow.PERSISTENT, rabbitflow.NON_PERSISTENT) == (2, 1)
+
+
+def test_the_asyncio_names_are_pinned_and_coroutines_where_they_wait() -> None:
+    assert sorted(aio.__all__) == [
+        "Connection",
+        "ConnectionFactory",
+        "MessageConsumer",
+        "MessageProducer",
+        "Session",
+    ]
+    assert inspect.iscoroutinefunction(aio.ConnectionFactory.create_connection)
+    assert inspect.iscoroutinefunction(aio.MessageProducer.send)
+    assert inspect.iscoroutinefunction(aio.MessageConsumer.receive)
+    assert inspect.iscoroutinefunction(aio.Session.create_producer)
+    assert not inspect.iscoroutinefunction(aio.Session.create_text_message)
+
+
+def test_only_the_transport_modules_import_pika() -> None:
+    package = Path(rabbitflow.__file__).parent
+    importers = sorted(
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if any(
+            line.startswith(("import pika", "from pika")) for line in path.read_text().splitlines()
+        )
+    )
+    assert importers == ["_transport.py", "aio/_transport.py"]

@@ -1,6 +1,7 @@
 """The JMS producer over the fake transport: windows, flow, nacks, logs."""
 
 import logging
+import threading
 
 import pytest
 
@@ -383,3 +384,45 @@ def test_connection_context_manager_closes_the_transport() -> None:
     assert harness.transport.closing
     with pytest.raises(rabbitflow.IllegalStateError):
         connection.start()
+
+
+def test_a_send_accepted_as_a_nack_arrives_is_published_once_the_retry_ends() -> None:
+    # The send's publish turn (posted to the I/O thread) runs after the nack
+    # put the window in retry; nothing else is sent afterwards.
+    harness, session, producer, channel = setup(capacity=3)
+    producer.send(session.create_bytes_message(b"1"))
+    harness.transport.hold_posts()
+    producer.send(session.create_bytes_message(b"2"))
+    channel.emit_nack(1)
+    harness.transport.run_posts()
+    assert bodies(harness) == [b"1"]
+    harness.clock.advance(1.0)
+    harness.transport.fire_timers()
+    assert bodies(harness) == [b"1", b"1"]
+    channel.emit_ack(2)
+    assert bodies(harness) == [b"1", b"1", b"2"]
+    channel.emit_ack(3)
+    assert producer.unconfirmed_count == 0
+    producer.close()
+
+
+def test_a_resend_timer_lost_with_its_connection_does_not_stop_the_next_one() -> None:
+    harness, session, producer, channel = setup(capacity=3)
+    connection = session.connection
+    producer.send(session.create_bytes_message(b"1"))
+    channel.emit_nack(1)  # re-send timer armed on this connection's loop
+    first = harness.transport
+    assert first.timers
+    first.emit_lost()  # ... and lost with it
+    pause = threading.Event()
+    for _ in range(500):
+        if connection.reconnect_count == 1:
+            break
+        pause.wait(0.01)
+    assert harness.transport is not first
+    assert harness.transport.timers, "no re-send timer on the new connection"
+    harness.clock.advance(1.0)
+    harness.transport.fire_timers()
+    assert bodies(harness) == [b"1", b"1"]
+    harness.transport.channels[-1].emit_ack(1)
+    assert producer.unconfirmed_count == 0

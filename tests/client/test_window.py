@@ -189,3 +189,32 @@ def test_a_lost_connection_is_not_a_flow_signal() -> None:
     w = window()
     w.handle(GateEvent.CONNECTION_LOST)
     assert not w.flow_signalled
+
+
+def test_a_message_accepted_before_a_nack_is_due_once_the_retry_ends() -> None:
+    # "a" is on the wire, "b" accepted but not yet taken when "a" is nacked.
+    w = window()
+    fill(w, "a")
+    w.take(0.0)
+    fill(w, "b")
+    w.nack(1, multiple=False, now=0.0)
+    assert w.take(0.0) == []  # retry: "b" must wait behind the re-send of "a"
+    assert w.publish_due() == 0.05
+    assert [p.item for p in w.take(0.05)] == ["a"]
+    assert w.publish_due() is None  # one re-send at a time
+    w.ack(2, multiple=False)
+    assert not w.retrying
+    assert w.publish_due() == 0.0  # "b" goes out at once, whether or not more is sent
+    assert [p.item for p in w.take(0.05)] == ["b"]
+    assert w.publish_due() is None
+
+
+def test_nothing_is_due_while_the_gate_is_shut() -> None:
+    w = window()
+    fill(w, "a")
+    w.take(0.0)
+    w.nack(1, multiple=False, now=0.0)
+    w.handle(GateEvent.FLOW_OFF)
+    assert w.publish_due() is None
+    w.handle(GateEvent.FLOW_ON)
+    assert w.publish_due() == 0.05

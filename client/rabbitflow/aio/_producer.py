@@ -1,0 +1,438 @@
+"""asyncio MessageProducer: ``await send()`` under flow control (drives ``_flow``)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import _otel as _tracing
+from .._destination import Destination, Queue, Topic
+from .._exceptions import (
+    FlowControlTimeoutError,
+    IllegalStateError,
+    InvalidDestinationError,
+    InvalidPropertyError,
+    JMSException,
+    UnconfirmedMessagesError,
+)
+from .._flow import (
+    ConnectionBlocked,
+    ConnectionUnblocked,
+    FlowEnforced,
+    FlowRemoved,
+    Gate,
+    GateEvent,
+    GateNotice,
+    ProducerWindow,
+    SendDelayed,
+    SendFailed,
+    SendWait,
+)
+from .._log import get_logger
+from .._message import NON_PERSISTENT, PERSISTENT, Message, WireProperties, new_message_id
+from .._producer import _DELAYED, _ENFORCED, _FAILED, _REMOVED, _TIMEOUT
+from .._transport import Delivery
+from ._transport import settle
+
+if TYPE_CHECKING:
+    from ._context import ProducerContext
+    from ._transport import AioChannel
+
+__all__ = ["MessageProducer"]
+
+_ids = itertools.count(1)
+_log = get_logger()
+_Outgoing = tuple[str, str, bytes, WireProperties]
+
+
+class MessageProducer:
+    """Sends messages to a destination, honouring broker flow control, on asyncio.
+
+    ``await send()`` returns once the message is handed to the broker; it
+    suspends (never blocking the loop) while the window of ``capacity``
+    unconfirmed messages is full, while the broker has flowed the channel
+    or blocked the connection, and while nacked messages await re-send.
+    Any number of tasks may share a producer.  A task cancelled while it
+    waits in ``send()`` has not sent its message; the producer stays usable.
+    """
+
+    def __init__(
+        self, context: ProducerContext, destination: Destination | None, capacity: int
+    ) -> None:
+        config = context.config
+        self.id = f"aio-producer-{next(_ids)}"
+        self._context = context
+        self._destination = destination
+        self._config = config
+        self._clock = context.clock
+        self._loop = asyncio.get_running_loop()
+        self._window: ProducerWindow[_Outgoing] = ProducerWindow(
+            capacity,
+            backoff_initial=config.nack_backoff_initial_ms / 1000,
+            backoff_max=config.nack_backoff_max_ms / 1000,
+        )
+        self._channel: AioChannel | None = None
+        # In arrival order: woken oldest first, so no waiting task is starved.
+        self._waiters: dict[asyncio.Future[None], None] = {}
+        self._pump_handle: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._error: JMSException | None = None
+        self._closed = False
+
+    # -------------------------------------------------------------- public
+    @property
+    def capacity(self) -> int:
+        """Most messages this producer may have sent and not had confirmed."""
+        return self._window.capacity
+
+    @property
+    def destination(self) -> Destination | None:
+        """The producer's destination (None: given to each send)."""
+        return self._destination
+
+    @property
+    def sent_count(self) -> int:
+        """Messages accepted by send()."""
+        return self._window.accepted_count
+
+    @property
+    def confirmed_count(self) -> int:
+        """Messages the broker confirmed."""
+        return self._window.confirmed_count
+
+    @property
+    def nacked_count(self) -> int:
+        """Nacks received (each nacked message is re-sent in order)."""
+        return self._window.nacked_count
+
+    @property
+    def resent_count(self) -> int:
+        """Messages re-published after a connection loss (may arrive twice)."""
+        return self._window.resent_count
+
+    @property
+    def unconfirmed_count(self) -> int:
+        """Messages sent and not yet confirmed."""
+        return self._window.in_flight
+
+    @property
+    def flow_state(self) -> str:
+        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
+        return self._window.gate.state.value
+
+    async def send(
+        self,
+        message: Message,
+        destination: Destination | None = None,
+        *,
+        delivery_mode: int = PERSISTENT,
+        priority: int = 4,
+        time_to_live: int = 0,
+    ) -> None:
+        """Send ``message``; sets its message_id, timestamp, destination and headers.
+
+        Raises:
+            FlowControlTimeoutError: flow control held the send for
+                ``qpid.flow_control_wait_failure`` ms; the message was not sent.
+            ConnectionLostError: the connection was lost and recovery gave up.
+            IllegalStateError: the producer, session or connection is closed.
+            InvalidDestinationError: no destination, or a second one.
+            InvalidPropertyError: bad delivery_mode, priority or time_to_live.
+        """
+        target = self._target(destination)
+        if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
+            raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
+        if not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
+        if not isinstance(time_to_live, int) or time_to_live < 0:
+            raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
+        if not isinstance(message, Message):
+            raise InvalidPropertyError(
+                "message", f"expected a Message, got {type(message).__name__}"
+            )
+        now_ms = int(time.time() * 1000)
+        message.message_id = new_message_id()
+        message.timestamp = now_ms
+        message.destination = target
+        message.delivery_mode = delivery_mode
+        message.priority = priority
+        message.expiration = now_ms + time_to_live if time_to_live else 0
+        span = _tracing.start_send(message, target)
+        try:
+            if not self._context.usable() or not self._window.can_accept():
+                await self._context.wait_usable()
+                waited = await self._wait_for_room(target, span)
+            else:
+                waited = 0.0
+            outgoing = (
+                target.exchange,
+                target.routing_key,
+                message.body_bytes(),
+                message.to_wire(),
+            )
+            self._window.accept(outgoing)
+        except BaseException as exc:
+            _tracing.end_send(span, exc)
+            raise
+        _tracing.end_send(span, None, waited)
+        if self._pump_handle is None:
+            self._pump_handle = self._loop.call_soon(self._pump)
+
+    async def close(self) -> None:
+        """Wait until every send is confirmed, then close (idempotent).
+
+        Waits at most ``qpid.flow_control_wait_failure`` (0: not at all).
+
+        Raises:
+            UnconfirmedMessagesError: some sent messages were not confirmed in
+                time, or the connection failed; ``unconfirmed`` says how many.
+        """
+        if self._closed:
+            return
+        wait_s = self._config.wait_failure_ms / 1000
+        deadline = self._clock() + wait_s
+        while not self._window.idle and self._error is None:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            await self._changed(min(remaining, 0.5))
+        pending = self._window.in_flight
+        error = self._error
+        self._closed = True
+        self._window.handle(GateEvent.CLOSE)
+        self._notify()
+        for handle in (self._pump_handle, self._timer):
+            if handle is not None:
+                handle.cancel()
+        self._context.closed(self)
+        if self._channel is not None:
+            await self._channel.close()
+        if pending:
+            cause = f": {error}" if error else f" within {wait_s:g} s"
+            raise UnconfirmedMessagesError(
+                f"{self.id}: {pending} sent message(s) not confirmed by the broker{cause}; "
+                "they may still be enqueued",
+                unconfirmed=pending,
+            )
+
+    async def __aenter__(self) -> MessageProducer:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<aio.MessageProducer {self.id} {self._destination} capacity={self.capacity} "
+            f"state={self.flow_state} unconfirmed={self._window.in_flight}>"
+        )
+
+    # -------------------------------------------------------------- helpers
+    def _target(self, destination: Destination | None) -> Destination:
+        if self._closed:
+            raise IllegalStateError(f"{self.id} is closed")
+        if destination is not None and not isinstance(destination, Queue | Topic):
+            raise InvalidDestinationError(f"not a destination: {destination!r}")
+        if self._destination is not None:
+            if destination is not None and destination != self._destination:
+                raise InvalidDestinationError(
+                    f"{self.id} sends to {self._destination}; cannot send to {destination}"
+                )
+            return self._destination
+        if destination is None:
+            raise InvalidDestinationError(f"{self.id} has no destination: pass one to send()")
+        return destination
+
+    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
+        dest = target if target is not None else self._destination
+        return {
+            "producer": self.id,
+            "destination": str(dest) if dest is not None else "",
+            "capacity": self.capacity,
+        }
+
+    def _notify(self) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    async def _changed(self, timeout: float) -> None:
+        """Suspend until the window or gate changes, or ``timeout`` seconds pass."""
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._waiters[future] = None
+        handle = self._loop.call_later(max(timeout, 0.0), settle, future)
+        try:
+            await future
+        finally:
+            handle.cancel()
+            self._waiters.pop(future, None)
+
+    async def _wait_for_room(self, target: Destination, span: Any) -> float:
+        """Suspend until the window accepts; return the seconds waited under
+        flow control.  See send()."""
+        wait: SendWait | None = None
+        start = self._clock()
+        flow_started: float | None = None
+        while True:
+            if self._closed:
+                raise IllegalStateError(f"{self.id} is closed")
+            if self._error is not None:
+                raise self._error
+            if self._window.can_accept():
+                return 0.0 if flow_started is None else self._clock() - flow_started
+            now = self._clock()
+            if self._window.gate.state is Gate.DISCONNECTED:
+                wait = None
+                await self._changed(0.5)
+                continue
+            if self._config.wait_failure_ms == 0 and not self._window.flow_signalled:
+                wait = None
+                await self._changed(0.5)
+                continue
+            if wait is None:
+                wait = SendWait(
+                    now,
+                    notify_period_ms=self._config.notify_period_ms,
+                    wait_failure_ms=self._config.wait_failure_ms,
+                )
+            if flow_started is None and self._window.flow_signalled:
+                flow_started = now
+                _tracing.blocked(span, self._window.wait_reason())
+            step = wait.poll(now)
+            for notice in step.notices:
+                self._log_wait(notice, target)
+            if step.failed is not None:
+                self._log_wait(step.failed, target)
+                seconds = step.failed.waited_ms / 1000
+                text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
+                _tracing.waited(span, self._clock() - start)
+                raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
+            await self._changed(max(step.wake_at - now, 0.001))
+
+    def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
+        fields = self._fields(target)
+        if isinstance(notice, SendDelayed):
+            _log.warning(
+                _DELAYED.format(seconds=notice.seconds),
+                flow_event="send_delayed",
+                waited_ms=notice.waited_ms,
+                reason=self._window.wait_reason(),
+                **fields,
+            )
+        else:
+            _log.error(
+                _FAILED,
+                flow_event="send_failed",
+                waited_ms=notice.waited_ms,
+                reason=self._window.wait_reason(),
+                **fields,
+            )
+
+    def _log_notices(self, notices: list[GateNotice]) -> None:
+        for notice in notices:
+            if isinstance(notice, FlowEnforced):
+                _log.info(_ENFORCED, flow_event="flow_enforced", **self._fields())
+            elif isinstance(notice, FlowRemoved):
+                _log.info(_REMOVED, flow_event="flow_removed", **self._fields())
+            elif isinstance(notice, ConnectionBlocked):
+                _log.info(
+                    f"Broker blocked the connection: {notice.reason}",
+                    flow_event="connection_blocked",
+                    reason=notice.reason,
+                    **self._fields(),
+                )
+            elif isinstance(notice, ConnectionUnblocked):
+                _log.info(
+                    "Broker unblocked the connection",
+                    flow_event="connection_unblocked",
+                    **self._fields(),
+                )
+
+    # -------------------------------------------------------------- driver
+    def _pump(self) -> None:
+        """Publish what the window allows now; arm the re-send timer."""
+        self._pump_handle = None
+        channel = self._channel
+        if channel is None or channel.closed:
+            return
+        now = self._clock()
+        publishes = self._window.take(now)
+        if publishes:
+            try:
+                channel.publish_many([p.item for p in publishes])
+            except JMSException:
+                return  # the channel/connection is going away; recovery re-sends
+        due = self._window.publish_due()
+        if due is not None and (self._timer_at is None or self._timer_at > due):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = due
+            self._timer = self._loop.call_later(max(due - self._clock(), 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_at = None
+        self._timer = None
+        self._pump()
+
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        """Publisher confirm for ``tag``."""
+        if ack:
+            self._window.ack(tag, multiple)
+        else:
+            self._window.nack(tag, multiple, self._clock())
+        self._notify()
+        if self._window.publish_due() is not None:
+            self._pump()
+
+    def on_flow(self, active: bool) -> None:
+        """Channel.Flow from the broker."""
+        self._gate(GateEvent.FLOW_ON if active else GateEvent.FLOW_OFF)
+
+    def on_deliver(self, delivery: Delivery) -> None:
+        """Producers do not consume."""
+
+    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
+        """Not used: publishes are not mandatory."""
+
+    def on_channel_closed(self, error: JMSException) -> None:
+        """The broker closed the producer's channel: sends fail from now on."""
+        self._error = error
+        self._notify()
+        self._context.report(error)
+
+    def _gate(self, event: GateEvent, reason: str = "") -> None:
+        if self._window.gate.state is Gate.CLOSED:
+            return
+        notices = self._window.handle(event, reason)
+        self._notify()
+        self._log_notices(notices)
+        if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
+            self._pump()
+
+    def _lost(self) -> None:
+        """The connection was lost: everything unconfirmed is re-sent in order
+        on the next channel."""
+        old, self._channel = self._channel, None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, None
+        if self._window.gate.state is Gate.CLOSED:
+            return
+        notices = self._window.handle(GateEvent.CONNECTION_LOST)
+        self._notify()
+        if old is not None:
+            old.detach()
+        self._log_notices(notices)
+
+    def _attach(self, channel: AioChannel) -> None:
+        self._channel = channel
+        if self._window.gate.state is Gate.DISCONNECTED:
+            self._gate(GateEvent.RECONNECTED)
+
+    def _fail(self, error: JMSException) -> None:
+        self._error = error
+        self._notify()

@@ -1,0 +1,451 @@
+"""``rabbitflow.aio`` against a real RabbitMQ (and the gateway): flow control
+suspends tasks, never the loop.
+
+* a full ``x-overflow: reject-publish`` queue: every task's send raises
+  FlowControlTimeoutError (also a TimeoutError) after the wait-failure, with
+  the "delayed" warnings; the messages nacked before are re-sent once the
+  queue drains, though nobody sends again;
+* cancelling a task blocked in send(): the message is not sent and the
+  producer stays usable;
+* the loop stays responsive while 100 tasks are blocked in send() and while
+  50 tasks publish at full speed;
+* the gateway's flow control with 20 tasks sharing one connection: RabbitMQ's
+  depth never exceeds stop + the sum of the producers' capacities;
+* a consumer under its flow limit, ``async for``: exactly once, in order
+  per producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import pika
+import pika.exceptions
+import pytest
+
+import rabbitflow
+from rabbitflow import aio
+
+from ..conftest import Broker
+from ._support import (
+    CLIENT_LOGGER,
+    QueueCollector,
+    client_messages,
+    declare_queue,
+    drain,
+    publish_bodies,
+    ready_count,
+)
+
+FAST = {
+    "qpid.flow_control_wait_failure": 3000,
+    "qpid.flow_control_wait_notify_period": 1000,
+}
+
+
+def _full_reject_publish_queue(url: str, name: str, length: int) -> None:
+    declare_queue(url, name, {"x-max-length": length, "x-overflow": "reject-publish"})
+    publish_bodies(url, name, [b"filler"] * length)
+
+
+async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+async def test_every_task_times_out_on_a_full_reject_publish_queue_then_nacked_ones_are_resent(
+    broker: Broker,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
+    name = unique_name("aio-reject")
+    cleanup_queues.append(name)
+    _full_reject_publish_queue(broker.url, name, 10)
+    tasks = 20
+    factory = aio.ConnectionFactory(broker.url, properties=FAST)
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        queue = await session.create_queue(name)
+        producers = [await session.create_producer(queue, capacity=5) for _ in range(tasks)]
+
+        async def sender(index: int, producer: aio.MessageProducer) -> tuple[int, BaseException]:
+            sent = 0
+            started = time.monotonic()
+            while True:
+                try:
+                    await producer.send(session.create_text_message(f"{index}:{sent}"))
+                except rabbitflow.JMSException as exc:
+                    assert time.monotonic() - started >= 2.9
+                    return sent, exc
+                sent += 1
+
+        results = await asyncio.wait_for(
+            asyncio.gather(*(sender(i, p) for i, p in enumerate(producers))), 60
+        )
+        for sent, error in results:
+            assert isinstance(error, rabbitflow.FlowControlTimeoutError)
+            assert isinstance(error, TimeoutError)
+            assert str(error) == (
+                "Unable to send message for 3 seconds due to broker enforced flow control"
+            )
+            assert sent >= 1
+        warnings = client_messages(caplog.records, logging.WARNING)
+        for seconds in (1, 2):
+            delayed = f"Message send delayed by {seconds}s due to broker enforced flow control"
+            assert warnings.count(delayed) == tasks
+        errors = client_messages(caplog.records, logging.ERROR)
+        assert (
+            errors.count(
+                "Message send failed due to timeout waiting on broker enforced flow control"
+            )
+            == tasks
+        )
+
+        # The accepted messages were nacked; drain the queue and the SDK
+        # re-sends them although no task sends again.
+        accepted = {f"{i}:{n}" for i, (sent, _) in enumerate(results) for n in range(sent)}
+        collector = QueueCollector(broker.url, name).start()
+        try:
+            await _until(
+                lambda: all(p.unconfirmed_count == 0 for p in producers),
+                60,
+                "every accepted message to be confirmed",
+            )
+            await _until(lambda: collector.count >= 10 + len(accepted), 30, "the re-sent messages")
+        finally:
+            bodies = collector.stop()
+    got = [b.decode() for b in bodies if b != b"filler"]
+    assert sorted(got) == sorted(accepted)  # every accepted message exactly once
+    for index in range(tasks):
+        own = [int(g.split(":")[1]) for g in got if g.startswith(f"{index}:")]
+        assert own == sorted(own), f"task {index}'s messages were reordered"
+
+
+@pytest.mark.asyncio
+async def test_cancelling_a_task_blocked_in_send_leaves_the_message_unsent(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    name = unique_name("aio-cancel")
+    cleanup_queues.append(name)
+    _full_reject_publish_queue(broker.url, name, 1)
+    factory = aio.ConnectionFactory(
+        broker.url, properties={"qpid.flow_control_wait_failure": 60000}
+    )
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        producer = await session.create_producer(await session.create_queue(name), capacity=5)
+        await producer.send(session.create_text_message("accepted"))  # will be nacked
+        await _until(lambda: producer.nacked_count >= 1, 10, "the nack")
+        blocked = asyncio.create_task(producer.send(session.create_text_message("cancelled")))
+        await asyncio.sleep(0.3)
+        assert not blocked.done(), "send() should be suspended under flow control"
+        blocked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocked
+        assert producer.sent_count == 1
+        assert drain(broker.url, name) == [b"filler"]  # make room
+        await _until(lambda: producer.unconfirmed_count == 0, 30, "the re-send of 'accepted'")
+        assert drain(broker.url, name) == [b"accepted"]  # make room again
+        await producer.send(session.create_text_message("after"))  # still usable
+        await _until(lambda: producer.unconfirmed_count == 0, 30, "the confirm of 'after'")
+    assert drain(broker.url, name) == [b"after"]
+
+
+class _Ticker:
+    """Measures event-loop lag: how late a 5 ms sleep wakes up."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            start = loop.time()
+            await asyncio.sleep(0.005)
+            self.lags.append(loop.time() - start - 0.005)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@pytest.mark.asyncio
+async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    blocked_name, busy_name = unique_name("aio-lag-blocked"), unique_name("aio-lag-busy")
+    cleanup_queues += [blocked_name, busy_name]
+    _full_reject_publish_queue(broker.url, blocked_name, 1)
+    factory = aio.ConnectionFactory(
+        broker.url, properties={"qpid.flow_control_wait_failure": 60000}
+    )
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        stuck = await session.create_producer(await session.create_queue(blocked_name))
+        await stuck.send(session.create_text_message("nacked"))
+        await _until(lambda: stuck.nacked_count >= 1, 10, "the nack")
+        waiting = [
+            asyncio.create_task(stuck.send(session.create_text_message(str(n)))) for n in range(100)
+        ]
+        ticker = _Ticker()
+        ticking = asyncio.create_task(ticker.run())
+        await asyncio.sleep(2.0)
+        assert not any(t.done() for t in waiting), "the sends should still be blocked"
+        blocked_lags, ticker.lags = ticker.lags, []
+
+        busy = await session.create_producer(await session.create_queue(busy_name))
+
+        async def publish(index: int) -> None:
+            for n in range(200):
+                await busy.send(
+                    session.create_text_message(f"{index}:{n}"),
+                    delivery_mode=rabbitflow.NON_PERSISTENT,
+                )
+
+        await asyncio.wait_for(asyncio.gather(*(publish(i) for i in range(50))), 120)
+        busy_lags = ticker.lags
+        ticker.stop()
+        await ticking
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        drain(broker.url, blocked_name)
+        await _until(lambda: stuck.unconfirmed_count == 0, 30, "the nacked message's re-send")
+    assert ready_count(broker.url, busy_name) == 50 * 200
+    for label, lags in (("100 tasks blocked", blocked_lags), ("50 tasks publishing", busy_lags)):
+        assert len(lags) >= 20, f"{label}: the ticker hardly ran ({len(lags)} ticks)"
+        median = statistics.median(lags)
+        p95 = statistics.quantiles(lags, n=20)[-1]
+        state = f"{label}: loop lag median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, "
+        state += f"max {max(lags) * 1000:.1f} ms"
+        # The loop answers other work within 20 ms while send() suspends 100
+        # tasks or 50 tasks keep the window full.  The p95 and max bounds are
+        # looser for a machine shared with other jobs, yet far below what a
+        # send blocking the loop would cost (its waits are 0.5 s and up).
+        assert median <= 0.020, state
+        assert p95 <= 0.050, state
+        assert max(lags) <= 0.400, state
+
+
+def _gateway_connection(url: str) -> pika.BlockingConnection:
+    """A connection to the gateway once it accepts logins (it refuses them
+    until its first routing snapshot from the management API)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return pika.BlockingConnection(pika.URLParameters(url))
+        except pika.exceptions.AMQPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+class _DepthSampler(threading.Thread):
+    """Samples a queue's depth on RabbitMQ itself (not through the gateway)."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        super().__init__(daemon=True)
+        self._url, self._queue = url, queue
+        self._halt = threading.Event()
+        self.peak = 0
+        self.samples = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = pika.BlockingConnection(pika.URLParameters(self._url))
+            try:
+                channel = connection.channel()
+                while not self._halt.is_set():
+                    depth = channel.queue_declare(self._queue, passive=True).method.message_count
+                    self.peak = max(self.peak, depth)
+                    self.samples += 1
+                    connection.process_data_events(0.01)  # also answers heartbeats
+            finally:
+                connection.close()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+@pytest.mark.asyncio
+async def test_gateway_flow_holds_twenty_tasks_sharing_a_connection(
+    broker: Broker,
+    gateway_url: str,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
+    name = unique_name("aio-gw")
+    cleanup_queues.append(name)
+    stop, resume, capacity, tasks, each = 50, 25, 5, 20, 30
+    declarer = _gateway_connection(gateway_url)
+    declarer.channel().queue_declare(
+        name,
+        durable=True,
+        arguments={"qpid.flow_stop_count": stop, "qpid.flow_resume_count": resume},
+    )
+    declarer.close()
+    sampler = _DepthSampler(broker.url, name)
+    sampler.start()
+    factory = aio.ConnectionFactory(
+        gateway_url, properties={"qpid.flow_control_wait_failure": 60000}
+    )
+    collector: QueueCollector | None = None
+    try:
+        async with await factory.create_connection() as connection:
+            session = connection.create_session()
+            queue = await session.create_queue(name)
+            producers = [
+                await session.create_producer(queue, capacity=capacity) for _ in range(tasks)
+            ]
+
+            async def sender(index: int, producer: aio.MessageProducer) -> None:
+                for n in range(each):
+                    await producer.send(session.create_text_message(f"{index}:{n}"))
+
+            sending = asyncio.gather(*(sender(i, p) for i, p in enumerate(producers)))
+            await _until(
+                lambda: any(p.flow_state != "open" for p in producers), 30, "the gateway's flow"
+            )
+            assert not sending.done()
+            collector = QueueCollector(broker.url, name).start()
+            await asyncio.wait_for(sending, 120)
+            await _until(
+                lambda: all(p.unconfirmed_count == 0 for p in producers), 30, "every confirm"
+            )
+            await _until(
+                lambda: collector is not None and collector.count >= tasks * each,
+                30,
+                "every message",
+            )
+    finally:
+        sampler.stop()
+        bodies = collector.stop() if collector is not None else []
+    assert sampler.error is None, repr(sampler.error)
+    assert sampler.samples > 10
+    assert sampler.peak <= stop + tasks * capacity, f"peak {sampler.peak}"
+    assert sampler.peak >= stop  # the run did reach the threshold
+    per_task: dict[int, list[int]] = defaultdict(list)
+    for body in bodies:
+        index, n = body.decode().split(":")
+        per_task[int(index)].append(int(n))
+    assert {i: per_task[i] for i in range(tasks)} == {i: list(range(each)) for i in range(tasks)}
+    infos = client_messages(caplog.records, logging.INFO)
+    assert "Broker enforced flow control has been enforced" in infos
+
+
+@pytest.mark.asyncio
+async def test_async_for_under_the_consumer_flow_limit_exactly_once_in_order(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    name = unique_name("aio-consume")
+    cleanup_queues.append(name)
+    limit, producers_n, each = 20, 3, 300
+    factory = aio.ConnectionFactory(broker.url, properties={"imqConsumerFlowLimit": limit})
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        queue = await session.create_queue(name)
+
+        async def sender(index: int) -> None:
+            async with await session.create_producer(queue, capacity=10) as producer:
+                for n in range(each):
+                    await producer.send(session.create_text_message(f"{index}:{n}"))
+
+        await asyncio.gather(*(sender(i) for i in range(producers_n)))
+        consumer = await session.create_consumer(queue)
+        connection.start()
+        got: dict[int, list[int]] = defaultdict(list)
+        peak = 0
+        total = 0
+        async for message in consumer:
+            assert isinstance(message, rabbitflow.TextMessage)
+            index, n = message.text.split(":")
+            got[int(index)].append(int(n))
+            peak = max(peak, consumer.flow_stats().buffered)
+            total += 1
+            if total == producers_n * each:
+                break
+        assert await consumer.receive(0.3) is None  # nothing more: exactly once
+        await consumer.close()
+    assert peak <= limit
+    assert dict(got) == {i: list(range(each)) for i in range(producers_n)}
+
+
+@pytest.mark.asyncio
+async def test_client_acknowledge_on_asyncio(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    name = unique_name("aio-clientack")
+    cleanup_queues.append(name)
+    declare_queue(broker.url, name)
+    publish_bodies(broker.url, name, [b"1", b"2", b"3"])
+    factory = aio.ConnectionFactory(broker.url)
+    async with await factory.create_connection() as connection:
+        session = connection.create_session(rabbitflow.CLIENT_ACKNOWLEDGE)
+        consumer = await session.create_consumer(await session.create_queue(name))
+        connection.start()
+        first = await consumer.receive(10)
+        second = await consumer.receive(10)
+        assert first is not None
+        assert second is not None
+        second.acknowledge()  # acknowledges both, as in JMS
+        await consumer.close()  # the third, unacknowledged, goes back
+    assert drain(broker.url, name) == [b"3"]
+
+
+@pytest.mark.asyncio
+async def test_the_connection_flow_limit_is_one_total_for_its_consumers(
+    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+) -> None:
+    names = [unique_name("aio-connlimit-a"), unique_name("aio-connlimit-b")]
+    cleanup_queues.extend(names)
+    each, total_limit = 400, 30
+    for name in names:
+        declare_queue(broker.url, name)
+        publish_bodies(broker.url, name, (str(n).encode() for n in range(each)))
+    factory = aio.ConnectionFactory(
+        broker.url,
+        properties={
+            "imqConsumerFlowLimit": 25,
+            "imqConnectionFlowLimitEnabled": "true",
+            "imqConnectionFlowLimit": total_limit,
+        },
+    )
+    async with await factory.create_connection() as connection:
+        session = connection.create_session()
+        consumers = [await session.create_consumer(await session.create_queue(n)) for n in names]
+        connection.start()
+        peak = 0
+
+        async def read(consumer: aio.MessageConsumer) -> list[int]:
+            nonlocal peak
+            got: list[int] = []
+            while len(got) < each:
+                message = await consumer.receive(10)
+                assert message is not None, f"stalled after {len(got)}"
+                assert isinstance(message, rabbitflow.TextMessage | rabbitflow.BytesMessage)
+                got.append(int(message.body_bytes()))
+                peak = max(peak, connection.buffered_count)
+                await asyncio.sleep(0)  # let the other consumer's deliveries in
+            return got
+
+        results = await asyncio.wait_for(asyncio.gather(*(read(c) for c in consumers)), 60)
+    assert peak <= total_limit
+    assert results == [list(range(each)), list(range(each))]

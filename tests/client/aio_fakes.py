@@ -1,0 +1,154 @@
+"""An in-memory asyncio transport for ``rabbitflow.aio``'s unit tests: it
+records publishes and lets a test play the broker (confirms, nacks,
+Channel.Flow, connection.blocked, a lost connection)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import rabbitflow
+from rabbitflow import aio
+from rabbitflow._exceptions import InvalidDestinationError
+from rabbitflow._message import WireProperties
+from rabbitflow._transport import _DETACHED, Delivery
+
+
+@dataclass
+class Broker:
+    queues: set[str] = field(default_factory=set)
+    published: list[tuple[int, bytes]] = field(default_factory=list)  # (transport index, body)
+    transports: list[FakeAioTransport] = field(default_factory=list)
+    refuse_connects: int = 0  # the next N connects fail
+
+
+class FakeAioChannel:
+    def __init__(self, transport: FakeAioTransport, handler: Any) -> None:
+        self.transport = transport
+        self.handler = handler
+        self.closed = False
+        self.next_tag = 1
+        self.tags: list[int] = []
+        self.acks: list[tuple[int, bool]] = []
+        self.prefetch: list[int] = []
+        self.consuming = False
+
+    async def confirm_select(self) -> None:
+        pass
+
+    async def queue_declare(
+        self, name: str, *, passive: bool = False, **_kw: Any
+    ) -> tuple[str, int, int]:
+        if passive and name not in self.transport.broker.queues:
+            raise InvalidDestinationError(f"404 no queue {name}")
+        self.transport.broker.queues.add(name)
+        return name, 0, 0
+
+    async def exchange_declare(self, name: str, kind: str, *, passive: bool = False) -> None:
+        pass
+
+    async def queue_bind(self, queue: str, exchange: str, routing_key: str) -> None:
+        pass
+
+    async def queue_delete(self, queue: str) -> None:
+        self.transport.broker.queues.discard(queue)
+
+    async def close(self) -> None:
+        self.closed = True
+
+    def detach(self) -> None:
+        self.handler = _DETACHED
+
+    def publish_many(self, items: list[tuple[str, str, bytes, WireProperties]]) -> None:
+        if self.closed or self.transport.lost:
+            raise rabbitflow.ProtocolError("channel is closed")
+        for _exchange, _key, body, _props in items:
+            self.tags.append(self.next_tag)
+            self.next_tag += 1
+            self.transport.broker.published.append((self.transport.index, body))
+
+    def basic_consume_nowait(self, queue: str) -> None:
+        self.consuming = True
+
+    def basic_cancel_nowait(self) -> None:
+        self.consuming = False
+
+    def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
+        pass
+
+    def ack(self, tag: int, *, multiple: bool) -> None:
+        self.acks.append((tag, multiple))
+
+    def qos_nowait(self, count: int) -> None:
+        self.prefetch.append(count)
+
+    # broker side
+    def emit_ack(self, tag: int, multiple: bool = False) -> None:
+        self.handler.on_confirm(tag, multiple, True)
+
+    def emit_nack(self, tag: int, multiple: bool = False) -> None:
+        self.handler.on_confirm(tag, multiple, False)
+
+    def emit_flow(self, active: bool) -> None:
+        self.handler.on_flow(active)
+
+    def emit_deliver(self, tag: int, body: bytes) -> None:
+        self.handler.on_deliver(
+            Delivery(tag, False, "", "q", body, WireProperties(content_type="text/plain"))
+        )
+
+
+class FakeAioTransport:
+    def __init__(self, broker: Broker, listener: Any) -> None:
+        self.broker = broker
+        self.listener = listener
+        self.channels: list[FakeAioChannel] = []
+        self.lost = False
+        self.closing = False
+
+    @property
+    def index(self) -> int:
+        return self.broker.transports.index(self)
+
+    @property
+    def alive(self) -> bool:
+        return not (self.lost or self.closing)
+
+    async def connect(self) -> None:
+        if self.broker.refuse_connects:
+            self.broker.refuse_connects -= 1
+            raise rabbitflow.ConnectionLostError("fake broker refuses")
+
+    async def open_channel(self, handler: Any) -> FakeAioChannel:
+        if not self.alive:
+            raise rabbitflow.ConnectionLostError("fake transport is not connected")
+        channel = FakeAioChannel(self, handler)
+        self.channels.append(channel)
+        return channel
+
+    async def close(self) -> None:
+        self.closing = True
+
+    def emit_lost(self) -> None:
+        self.lost = True
+        self.listener.on_lost(rabbitflow.ConnectionLostError("fake connection lost"))
+
+    def emit_blocked(self) -> None:
+        self.listener.on_blocked("low on memory")
+
+    def emit_unblocked(self) -> None:
+        self.listener.on_unblocked()
+
+
+def fake_factory(broker: Broker, properties: dict[str, Any] | None = None) -> aio.ConnectionFactory:
+    def make(url: str, listener: Any, **_kw: Any) -> FakeAioTransport:
+        transport = FakeAioTransport(broker, listener)
+        broker.transports.append(transport)
+        return transport
+
+    return aio.ConnectionFactory(
+        "amqp://fake/",
+        properties=properties,
+        _transport_factory=make,  # type: ignore[arg-type]
+    )
