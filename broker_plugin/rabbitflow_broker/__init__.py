@@ -3,6 +3,7 @@
 Run it with ``rabbitflow-broker`` or embed it with :class:`GatewayService`.
 """
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 # First: it chooses the compiled engine or its pure-Python sources.
@@ -12,7 +13,11 @@ from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 if TYPE_CHECKING:
     from rabbitflow_broker.service import GatewayService
 
-__version__ = "0.1.0"
+try:
+    #: The installed distribution's version: the same as ``rabbitflow.__version__``.
+    __version__: str = version("rabbitflow")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["ConfigError", "GatewayConfig", "GatewayService", "__version__", "load_config"]
 

@@ -38,6 +38,7 @@ def test_public_names_are_pinned() -> None:
             "TransactionRolledBackError",
             "json_formatter",
             "system_properties",
+            "__version__",
         ]
     )
 
