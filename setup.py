@@ -42,7 +42,8 @@ def load_accel() -> ModuleType:
     """``rabbitflow_broker.accel`` loaded from its file (stdlib only), so the
     build needs none of the package's dependencies."""
     spec = importlib.util.spec_from_file_location("_rabbitflow_build_accel", PACKAGE / "accel.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -55,11 +56,14 @@ def warn(text: str) -> None:
 
 def compiler_problem() -> str | None:
     """Why C extensions cannot be built here, or None when they can."""
-    from setuptools._distutils import ccompiler, errors, sysconfig as dsysconfig
+    from setuptools._distutils import ccompiler, errors
+    from setuptools._distutils import sysconfig as dsysconfig
 
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
-        return f"Python's C headers are missing ({include}/Python.h; e.g. apt-get install python3-dev)"
+        return (
+            f"Python's C headers are missing ({include}/Python.h; e.g. apt-get install python3-dev)"
+        )
     compiler: Any = ccompiler.new_compiler()
     dsysconfig.customize_compiler(compiler)
     with tempfile.TemporaryDirectory(prefix="rabbitflow-cc-") as tmp:
@@ -68,7 +72,12 @@ def compiler_problem() -> str | None:
             handle.write("#include <Python.h>\nint rabbitflow_probe(void) { return 0; }\n")
         try:
             compiler.compile([probe], output_dir=tmp, include_dirs=[include])
-        except (errors.CompileError, errors.DistutilsExecError, errors.DistutilsPlatformError, OSError) as exc:
+        except (
+            errors.CompileError,
+            errors.DistutilsExecError,
+            errors.DistutilsPlatformError,
+            OSError,
+        ) as exc:
             return f"no working C compiler ({exc})"
     return None
 

@@ -3,7 +3,6 @@
 Run it with ``rabbitflow-broker`` or embed it with :class:`GatewayService`.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 # First: it chooses the compiled engine or its pure-Python sources.
@@ -13,11 +12,8 @@ from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 if TYPE_CHECKING:
     from rabbitflow_broker.service import GatewayService
 
-try:
     #: The installed distribution's version: the same as ``rabbitflow.__version__``.
-    __version__: str = version("rabbitflow")
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+    __version__: str
 
 __all__ = ["ConfigError", "GatewayConfig", "GatewayService", "__version__", "load_config"]
 
@@ -29,4 +25,13 @@ def __getattr__(name: str) -> Any:
         from rabbitflow_broker.service import GatewayService
 
         return GatewayService
+    if name == "__version__":
+        # Read on first use: importlib.metadata imports socket, and the
+        # engine's modules import no I/O library.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("rabbitflow")
+        except PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'rabbitflow_broker' has no attribute {name!r}")

@@ -74,9 +74,9 @@ __all__ = [
     "TextMessage",
     "Topic",
     "TransactionRolledBackError",
+    "__version__",
     "json_formatter",
     "system_properties",
-    "__version__",
 ]
 
 try:
@@ -84,4 +84,3 @@ try:
     __version__: str = _dist_version("rabbitflow")
 except _PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
-

@@ -36,9 +36,9 @@ def test_public_names_are_pinned() -> None:
             "TextMessage",
             "Topic",
             "TransactionRolledBackError",
+            "__version__",
             "json_formatter",
             "system_properties",
-            "__version__",
         ]
     )
 
