@@ -98,15 +98,19 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit status."""
-    try:
-        with warnings.catch_warnings(record=True) as deprecations:
-            warnings.simplefilter("always", FutureWarning)
+    with warnings.catch_warnings(record=True) as deprecations:
+        warnings.simplefilter("always", FutureWarning)
+        try:
             config = load_config(argv)
-    except ConfigError as exc:
-        print(f"rabbitflow-broker: {exc}", file=sys.stderr)
-        return 2
+        except ConfigError as exc:
+            error: ConfigError | None = exc
+        else:
+            error = None
     for deprecation in deprecations:
         print(f"rabbitflow-broker: warning: {deprecation.message}", file=sys.stderr)
+    if error is not None:
+        print(f"rabbitflow-broker: {error}", file=sys.stderr)
+        return 2
     configure_logging(config.log_format, config.log_level)
     try:
         loop_factory = event_loop_factory(config.event_loop)

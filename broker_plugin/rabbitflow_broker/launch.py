@@ -12,10 +12,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["EXTRAS", "analyze", "broker", "demo", "missing_modules"]
+__all__ = ["EXTRAS", "Entry", "analyze", "broker", "demo", "missing_modules"]
+
+#: A console script's entry point: argv (None: ``sys.argv[1:]``) -> exit status.
+Entry = Callable[[Sequence[str] | None], int]
 
 #: The modules each extra brings that its console scripts import.
 EXTRAS: dict[str, tuple[str, ...]] = {
