@@ -277,6 +277,24 @@ _FIELDS = {f.name: f for f in dataclasses.fields(GatewayConfig)}
 _INT_FIELDS = {name for name, f in _FIELDS.items() if f.type == "int"}
 
 
+class _PrintAndExit(argparse.Action):
+    """``--version``: print ``text`` as it is (argparse's own action re-wraps it)."""
+
+    def __init__(self, *args: Any, text: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text = text
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(self.text)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rabbitflow-broker`` argument parser (no defaults: they merge later)."""
     from rabbitflow_broker import __version__, accel
@@ -295,8 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--version",
-        action="version",
-        version=f"%(prog)s {__version__} (engine: {accel.status()})",
+        action=_PrintAndExit,
+        nargs=0,
+        default=argparse.SUPPRESS,
+        text=f"rabbitflow-broker {__version__} (engine: {accel.status()})",
+        help="print the version and the engine in use (compiled or pure Python), then exit",
     )
     parser.add_argument(
         "--config",
