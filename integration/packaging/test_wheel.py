@@ -1,8 +1,9 @@
 """The wheel as a user gets it: built from a clean export, installed outside the tree.
 
 One module-scoped build: ``git archive HEAD`` is unpacked into a temporary
-directory and ``pip wheel`` builds it (build isolation: setuptools and mypy
-come from pip's cache after the first run).  Then
+directory and ``python -m build`` makes the sdist and, from the sdist, the
+wheel (build isolation: setuptools and mypy come from pip's cache after
+the first run).  Then
 
 * a fresh virtualenv gets the wheel with ``[broker]``; ``rabbitflow-broker``
   runs from it in front of the shared RabbitMQ, in a directory outside the
@@ -96,8 +97,8 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel ``pip wheel`` builds from a clean ``git archive`` of HEAD."""
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and wheel ``python -m build`` makes from a clean ``git archive`` of HEAD."""
     work = tmp_path_factory.mktemp("build")
     source = work / "source"
     source.mkdir()
@@ -111,21 +112,25 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tar.extractall(source, filter="data")
     assert not list(source.rglob("*.so")), "the export holds no build"
     started = time.monotonic()
-    _run(
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--quiet",
-        "--no-deps",
-        "--wheel-dir",
-        work / "dist",
-        source,
-        cwd=work,
-    )
-    sys.stderr.write(f"wheel built in {time.monotonic() - started:.0f} s\n")
-    (built,) = (work / "dist").glob("rabbitflow-*.whl")
+    pytest.importorskip("build", reason="the test dependency group's build")
+    _run(sys.executable, "-m", "build", "--outdir", work / "dist", source, cwd=work)
+    sys.stderr.write(f"sdist and wheel built in {time.monotonic() - started:.0f} s\n")
+    return work / "dist"
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    (built,) = dist.glob("rabbitflow-*.whl")
     return built
+
+
+def test_the_sdist_holds_what_the_build_needs(dist: Path) -> None:
+    (sdist,) = dist.glob("rabbitflow-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    assert {"setup.py", "pyproject.toml", "LICENSE", "README.md"} <= names
+    assert "broker_plugin/rabbitflow_broker/accel.py" in names
+    assert not [n for n in names if n.endswith((".so", ".c", "_accel.stamp"))]
 
 
 def test_the_wheel_is_a_platform_wheel_with_the_compiled_engine(wheel: Path) -> None:
