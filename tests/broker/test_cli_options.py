@@ -160,3 +160,16 @@ def test_with_the_extra_the_entry_point_runs_the_command(
 
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("usage: rabbitflow-broker")
+
+
+def test_the_analyzer_has_version_and_log_level(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyspark")
+    with pytest.raises(SystemExit) as exited:
+        launch.analyze(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"rabbitflow-analyze {rabbitflow_broker.__version__}\n"
+
+    with pytest.raises(SystemExit) as refused:
+        launch.analyze(["--log-level", "loud", "events.jsonl", "--out", "out"])
+    assert refused.value.code == 2
+    assert "--log-level" in capsys.readouterr().err
