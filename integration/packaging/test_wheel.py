@@ -96,12 +96,9 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and wheel ``python -m build`` makes from a clean ``git archive`` of HEAD."""
-    work = tmp_path_factory.mktemp("build")
-    source = work / "source"
-    source.mkdir()
+def _export(directory: Path) -> Path:
+    """A clean ``git archive`` of HEAD unpacked into ``directory``."""
+    directory.mkdir()
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"],
         capture_output=True,
@@ -109,13 +106,44 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=120,
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(source, filter="data")
-    assert not list(source.rglob("*.so")), "the export holds no build"
-    started = time.monotonic()
+        tar.extractall(directory, filter="data")
+    assert not list(directory.rglob("*.so")), "the export holds no build"
+    return directory
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and wheel ``python -m build`` makes from a clean ``git archive`` of HEAD."""
     pytest.importorskip("build", reason="the test dependency group's build")
+    work = tmp_path_factory.mktemp("build")
+    source = _export(work / "source")
+    started = time.monotonic()
     _run(sys.executable, "-m", "build", "--outdir", work / "dist", source, cwd=work)
     sys.stderr.write(f"sdist and wheel built in {time.monotonic() - started:.0f} s\n")
     return work / "dist"
+
+
+def test_without_a_compiler_the_wheel_is_pure_and_the_build_says_so(tmp_path: Path) -> None:
+    pytest.importorskip("build", reason="the test dependency group's build")
+    source = _export(tmp_path / "source")
+    env = {**_env(), "CC": str(tmp_path / "no-such-cc")}
+
+    built = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(source)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert [w.name for w in (tmp_path / "dist").glob("*.whl")] == [
+        f"rabbitflow-{VERSION}-py3-none-any.whl"
+    ]
+    assert "no working C compiler" in built.stdout + built.stderr
+    assert "building a pure-Python wheel" in built.stdout + built.stderr
 
 
 @pytest.fixture(scope="module")
