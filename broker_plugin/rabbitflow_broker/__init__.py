@@ -12,7 +12,8 @@ from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 if TYPE_CHECKING:
     from rabbitflow_broker.service import GatewayService
 
-__version__ = "0.1.0"
+    #: The installed distribution's version: the same as ``rabbitflow.__version__``.
+    __version__: str
 
 __all__ = ["ConfigError", "GatewayConfig", "GatewayService", "__version__", "load_config"]
 
@@ -24,4 +25,13 @@ def __getattr__(name: str) -> Any:
         from rabbitflow_broker.service import GatewayService
 
         return GatewayService
+    if name == "__version__":
+        # Read on first use: importlib.metadata imports socket, and the
+        # engine's modules import no I/O library.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("rabbitflow")
+        except PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     raise AttributeError(f"module 'rabbitflow_broker' has no attribute {name!r}")

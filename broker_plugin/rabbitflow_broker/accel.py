@@ -2,15 +2,18 @@
 
 The modules of the gateway's hot path (:data:`MODULES`: the connection
 engine, the gateway hub and the routing mirror) are plain, fully typed
-Python.  ``scripts/bootstrap`` compiles them with mypyc
-(``scripts/build_accel.py``) into extension modules beside their sources;
-Python then imports the compiled ones.  The sources stay the reference: the
-same tests pass on both, and the gateway runs on the sources when
+Python.  Building the wheel (``pip install rabbitflow``, ``python -m build``:
+see ``setup.py``) compiles them with mypyc into extension modules installed
+beside their sources, with a stamp (:data:`STAMP`) of the sources they were
+built from; an editable install (``pip install -e .``) or
+``scripts/build_accel.py`` compiles them in place.  Python imports the
+compiled ones.  The sources stay the reference: the same tests pass on both,
+and the gateway runs on the sources when
 
-* nothing was compiled (no C compiler, or installed without the test tools),
+* nothing was compiled (the wheel was built without a C compiler),
 * ``RABBITFLOW_PURE_PYTHON=1`` is set, or
-* a source changed after the build (the build records a digest of the
-  sources; a stale extension is never imported).
+* a source changed after the build (an edited checkout: the stamp holds a
+  digest of the sources; a stale extension is never imported).
 
 :func:`status` says which one runs; the gateway logs it at start.
 """
@@ -125,7 +128,10 @@ def select() -> str:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         _status = f"pure Python ({PURE_ENV} is set)"
     elif recorded != digest():
-        _status = "pure Python (the build is older than the sources: run scripts/bootstrap)"
+        _status = (
+            "pure Python (the build is older than the sources: "
+            "rebuild with scripts/build_accel.py or pip install .)"
+        )
     else:
         _status = "compiled (mypyc)"
         return _status

@@ -75,7 +75,7 @@ from rabbitflow_broker.admin_security import (
     authenticator_for,
 )
 from rabbitflow_broker.flow import ThresholdError
-from rabbitflow_broker.metrics import CONTENT_TYPE, metrics_registry, render
+from rabbitflow_broker.metrics import metrics_registry, negotiate
 from rabbitflow_broker.persistence import PersistenceError
 from rabbitflow_broker.upstream import ManagementError
 
@@ -330,8 +330,8 @@ async def get_ready(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     """GET /metrics"""
-    body = render(request.app[_REGISTRY_KEY])
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    body, content_type = negotiate(request.app[_REGISTRY_KEY], request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def console(request: web.Request) -> web.FileResponse:

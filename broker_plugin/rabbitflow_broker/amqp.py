@@ -157,6 +157,34 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
 
+#: The server property a gateway adds to RabbitMQ's Connection.Start: clients
+#: (the rabbitflow SDK) tell by it that they are not talking to RabbitMQ itself.
+GATEWAY_PROPERTY: Final = "rabbitflow-gateway"
+
+
+def announce_gateway(frame: bytes, value: str) -> bytes:
+    """The Connection.Start method ``frame`` (header to frame-end) with
+    :data:`GATEWAY_PROPERTY` = ``value`` added to its server properties; the
+    frame unchanged when it is too short to hold them."""
+    table_size = _U32.unpack_from(frame, 13)[0] if len(frame) >= 18 else -1
+    table_end = 17 + table_size
+    if table_size < 0 or table_end > len(frame) - 1:
+        return frame
+    key = GATEWAY_PROPERTY.encode()
+    text_value = value.encode()
+    entry = bytes([len(key)]) + key + b"S" + _U32.pack(len(text_value)) + text_value
+    payload = b"".join(
+        (
+            frame[7:13],  # class, method, version
+            _U32.pack(table_size + len(entry)),
+            frame[17:table_end],
+            entry,
+            frame[table_end:-1],  # mechanisms, locales
+        )
+    )
+    return frame[:3] + _U32.pack(len(payload)) + payload + b"\xce"
+
+
 def u16(data: bytes, pos: int) -> int:
     """The big-endian unsigned 16-bit integer at ``data[pos]``.
 

@@ -12,6 +12,7 @@ import gc
 import logging
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -22,8 +23,9 @@ from rabbitflow_broker.service import GatewayService
 __all__ = ["configure_logging", "event_loop_factory", "main"]
 
 
-def configure_logging(log_format: str) -> None:
-    """Route structlog and stdlib logging to stderr as console or JSON lines."""
+def configure_logging(log_format: str, log_level: str = "info") -> None:
+    """Route structlog and stdlib logging to stderr as console or JSON lines,
+    from ``log_level`` (debug, info, warning, error) up."""
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if log_format == "json"
@@ -46,8 +48,8 @@ def configure_logging(log_format: str) -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    root.setLevel(log_level.upper())
+    logging.getLogger("aiohttp.access").setLevel(max(logging.WARNING, root.level))
 
 
 async def serve(config: GatewayConfig) -> None:
@@ -69,7 +71,7 @@ async def serve(config: GatewayConfig) -> None:
     try:
         await stop.wait()
     finally:
-        await service.stop(drain_timeout=float(config.drain_timeout))
+        await service.stop(drain_timeout=config.drain_timeout / 1000)
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -96,12 +98,20 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console-script entry point; returns the exit status."""
-    try:
-        config = load_config(argv)
-    except ConfigError as exc:
-        print(f"rabbitflow-broker: {exc}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as deprecations:
+        warnings.simplefilter("always", FutureWarning)
+        try:
+            config = load_config(argv)
+        except ConfigError as exc:
+            error: ConfigError | None = exc
+        else:
+            error = None
+    for deprecation in deprecations:
+        print(f"rabbitflow-broker: warning: {deprecation.message}", file=sys.stderr)
+    if error is not None:
+        print(f"rabbitflow-broker: {error}", file=sys.stderr)
         return 2
-    configure_logging(config.log_format)
+    configure_logging(config.log_format, config.log_level)
     try:
         loop_factory = event_loop_factory(config.event_loop)
     except ConfigError as exc:

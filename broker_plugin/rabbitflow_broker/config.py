@@ -3,7 +3,8 @@
 Sources, later wins: defaults, ``--config FILE.toml``, environment
 variables ``RABBITFLOW_BROKER_<OPTION>`` (e.g. ``RABBITFLOW_BROKER_LISTEN``),
 command-line options.  The environment is read only in :func:`load_config`.
-A bad value raises :class:`ConfigError` naming the option.
+A bad value raises :class:`ConfigError` naming the option.  Every duration
+is in milliseconds.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -21,6 +23,9 @@ from urllib.parse import unquote, urlsplit
 __all__ = ["ConfigError", "GatewayConfig", "build_parser", "load_config", "parse_host_port"]
 
 ENV_PREFIX = "RABBITFLOW_BROKER_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: The deprecated seconds form of ``--drain-timeout`` (now milliseconds).
+DRAIN_TIMEOUT_SECONDS = "drain_timeout_seconds"
 
 
 class ConfigError(ValueError):
@@ -64,6 +69,7 @@ class GatewayConfig:
     handshake_timeout: int = 10_000
     event_log: str | None = None
     log_format: Literal["console", "json"] = "console"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     state_file: str | None = None
     reconcile_interval: int = 1000
@@ -79,8 +85,8 @@ class GatewayConfig:
     #: Extra names the admin API answers to in ``Host`` (comma-separated).
     admin_allowed_hosts: str | None = None
     listen_backlog: int = 1024
-    #: Seconds SIGTERM waits for in-flight confirms before closing clients.
-    drain_timeout: int = 10
+    #: Milliseconds SIGTERM waits for in-flight confirms before closing clients.
+    drain_timeout: int = 10_000
     listen_tls: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -140,6 +146,10 @@ class GatewayConfig:
             )
         if self.log_format not in ("console", "json"):
             raise ConfigError(f"--log-format: expected console or json, got {self.log_format!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"--log-level: expected one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}"
+            )
         if self.event_loop not in ("auto", "asyncio", "uvloop"):
             raise ConfigError(
                 f"--event-loop: expected auto, asyncio or uvloop, got {self.event_loop!r}"
@@ -284,14 +294,53 @@ def _credentials(*urls: str) -> tuple[str, str]:
     return "guest", "guest"
 
 
+class _PrintAndExit(argparse.Action):
+    """``--version``: print ``text`` as it is (argparse's own action re-wraps it)."""
+
+    def __init__(self, *args: Any, text: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text = text
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(self.text)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rabbitflow-broker`` argument parser (no defaults: they merge later)."""
+    from rabbitflow_broker import __version__, accel
+
     parser = argparse.ArgumentParser(
         prog="rabbitflow-broker",
         description="AMQP 0-9-1 gateway adding Qpid-style producer flow control to RabbitMQ.",
+        epilog=(
+            "Every option can also be set in the environment as RABBITFLOW_BROKER_<OPTION> "
+            "(upper case, '-' as '_': e.g. RABBITFLOW_BROKER_LISTEN=0.0.0.0:5673, "
+            "RABBITFLOW_BROKER_ADMIN_USERS, RABBITFLOW_BROKER_CONFIG) or in the TOML file "
+            '(listen = "0.0.0.0:5673"); later wins: file, environment, command line. '
+            "Durations are in milliseconds."
+        ),
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file")
+    parser.add_argument(
+        "--version",
+        action=_PrintAndExit,
+        nargs=0,
+        default=argparse.SUPPRESS,
+        text=f"rabbitflow-broker {__version__} (engine: {accel.status()})",
+        help="print the version and the engine in use (compiled or pure Python), then exit",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="read options from a TOML file [env: RABBITFLOW_BROKER_CONFIG]",
+    )
     help_text = {
         "listen": "AMQP address to serve (default 127.0.0.1:5673; none: TLS only)",
         "upstream": "RabbitMQ AMQP URL (default amqp://localhost:5672)",
@@ -307,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(10000; 0 = no limit)",
         "event_log": "append events as JSON lines to this file",
         "log_format": "console or json (default console)",
+        "log_level": "lowest level logged: debug, info, warning or error (default info)",
         "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",
         "state_file": "keep runtime thresholds in this JSON file instead of RabbitMQ",
         "reconcile_interval": "ms between depth reconciliations with RabbitMQ (1000)",
@@ -322,24 +372,34 @@ def build_parser() -> argparse.ArgumentParser:
         "admin_allowed_hosts": "extra names the admin API answers to in the Host header, "
         "comma-separated (besides its listen address and localhost)",
         "listen_backlog": "queue of connections not yet accepted, per listener (1024)",
-        "drain_timeout": "seconds SIGTERM waits for in-flight confirms before closing "
-        "clients with 320 (10)",
+        "drain_timeout": "ms SIGTERM waits for in-flight confirms before closing "
+        "clients with 320 (10000)",
         "listen_tls": "AMQPS address to serve (HOST:PORT; needs --tls-cert and --tls-key)",
         "tls_cert": "PEM certificate chain of --listen-tls (reloaded on SIGHUP)",
         "tls_key": "PEM private key of --listen-tls (reloaded on SIGHUP)",
         "tls_client_ca": "PEM CA bundle: require client certificates signed by it",
         "upstream_ca": "PEM CA bundle to verify an amqps:// --upstream (default: system CAs)",
     }
-    for name, text in help_text.items():
+    for name, summary in help_text.items():
         flag = "--" + name.replace("_", "-")
+        text = f"{summary} [env: {ENV_PREFIX}{name.upper()}]"
         if name == "log_format":
             parser.add_argument(flag, dest=name, choices=("console", "json"), help=text)
+        elif name == "log_level":
+            parser.add_argument(flag, dest=name, choices=LOG_LEVELS, type=str.lower, help=text)
         elif name == "event_loop":
             parser.add_argument(flag, dest=name, choices=("auto", "asyncio", "uvloop"), help=text)
         elif name == "admin_auth":
             parser.add_argument(flag, dest=name, choices=("none", "users", "rabbitmq"), help=text)
         else:
             parser.add_argument(flag, dest=name, help=text)
+    parser.add_argument(
+        "--drain-timeout-seconds",
+        dest=DRAIN_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="deprecated: --drain-timeout in seconds (use --drain-timeout in ms) "
+        f"[env: {ENV_PREFIX}{DRAIN_TIMEOUT_SECONDS.upper()}]",
+    )
     return parser
 
 
@@ -370,6 +430,7 @@ def load_config(
     environ = os.environ if environ is None else environ
     args = vars(build_parser().parse_args(argv))
     values: dict[str, Any] = {}
+    seconds = args.pop(DRAIN_TIMEOUT_SECONDS, None)
     config_path = args.pop("config", None) or environ.get(ENV_PREFIX + "CONFIG")
     if config_path:
         try:
@@ -380,13 +441,32 @@ def load_config(
         section = data.get("rabbitflow-broker", data)
         for key, value in section.items():
             name = key.replace("-", "_")
+            if name == DRAIN_TIMEOUT_SECONDS:
+                values["drain_timeout"] = _seconds_to_ms(value, f"{key} in {config_path}")
+                continue
             if name not in _FIELDS:
                 raise ConfigError(f"--config: unknown option {key!r} in {config_path}")
             values[name] = _coerce(name, value, f"{key} in {config_path}")
+    env_seconds = ENV_PREFIX + DRAIN_TIMEOUT_SECONDS.upper()
+    if env_seconds in environ:
+        values["drain_timeout"] = _seconds_to_ms(environ[env_seconds], env_seconds)
     for name in _FIELDS:
         env_name = ENV_PREFIX + name.upper()
         if env_name in environ:
             values[name] = _coerce(name, environ[env_name], env_name)
+    if seconds is not None:
+        values["drain_timeout"] = _seconds_to_ms(seconds, "--drain-timeout-seconds")
     for name, value in args.items():
         values[name] = _coerce(name, value, "--" + name.replace("_", "-"))
     return GatewayConfig(**values)
+
+
+def _seconds_to_ms(value: object, origin: str) -> int:
+    seconds = _coerce("drain_timeout", value, origin)
+    assert isinstance(seconds, int)
+    warnings.warn(
+        f"{origin} is deprecated: use --drain-timeout {seconds * 1000} (milliseconds)",
+        FutureWarning,  # shown by default: the operator should see it
+        stacklevel=3,
+    )
+    return seconds * 1000

@@ -5,18 +5,24 @@ An HTTP client of the gateway's admin API (``--admin-url``, default
 
     rabbitflow-config queues [--json]
     rabbitflow-config queue NAME [--json]
-    rabbitflow-config add queue NAME [--max-count N] [--max-size N] [--flow-stop-count N] ...
+    rabbitflow-config add-queue NAME [--max-count N] [--max-size N] [--flow-stop-count N] ...
+    rabbitflow-config delete-queue NAME [--if-empty] [--if-unused]
     rabbitflow-config set-flow NAME [--flow-stop-count N] [--flow-resume-count N] ...
     rabbitflow-config stop-producers [--vhost V] [--queue Q]
     rabbitflow-config start-producers [--vhost V] [--queue Q]
 
-``add queue`` declares the queue over AMQP *through the gateway*
-(``--gateway-url``, default ``$RABBITFLOW_GATEWAY_URL``, else
-``amqp://guest:guest@127.0.0.1:5673/%2F``), so the gateway validates the
-``qpid.flow_*`` arguments exactly as it does for any client's declare and
-learns the queue at once.  ``--max-count``/``--max-size`` become
-``x-max-length``/``x-max-length-bytes`` with ``x-overflow: reject-publish``
-(Qpid's ``reject`` limit policy) unless ``--overflow`` says otherwise.
+``add-queue`` (also ``add queue``, as in qpid-config) and ``delete-queue``
+work over AMQP *through the gateway* (``--gateway-url``, default
+``$RABBITFLOW_GATEWAY_URL``, else ``amqp://guest:guest@127.0.0.1:5673/%2F``),
+so the gateway validates the ``qpid.flow_*`` arguments exactly as it does
+for any client's declare and learns the queue at once.
+``--max-count``/``--max-size`` become ``x-max-length``/``x-max-length-bytes``
+with ``x-overflow: reject-publish`` (Qpid's ``reject`` limit policy) unless
+``--overflow`` says otherwise.
+
+The admin API's password comes from ``$RABBITFLOW_ADMIN_PASSWORD`` or, on a
+terminal, a prompt (``--password`` still works but shows it in ``ps``); the
+user from ``--user`` or ``$RABBITFLOW_ADMIN_USER``.
 
 Exit status: 0 success; 1 the gateway could not be reached, refused the
 credentials, or does not know the queue or the endpoint; 2 bad usage or a
@@ -28,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import getpass
 import json
+import logging
 import os
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -53,6 +61,9 @@ PROG = "rabbitflow-config"
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+
+PASSWORD_ENV = "RABBITFLOW_ADMIN_PASSWORD"
+USER_ENV = "RABBITFLOW_ADMIN_USER"
 
 #: CLI option (dest) -> admin API key / declare argument.
 _FLOW_OPTIONS = {
@@ -164,7 +175,7 @@ def _http_error(method: str, path: str, exc: urllib.error.HTTPError) -> CliError
     if exc.code in (401, 403):
         return CliError(
             f"the gateway admin API refused the credentials ({exc.code}); "
-            "give --user and --password"
+            f"give --user and --password (or ${PASSWORD_ENV})"
         )
     if exc.code == 404 and detail is None:
         # aiohttp's own 404 (plain text): the route does not exist on this gateway.
@@ -334,7 +345,7 @@ def _cmd_producers(args: argparse.Namespace, client: AdminClient) -> int:
 
 
 def _cmd_add(args: argparse.Namespace, _client: AdminClient) -> int:
-    if args.kind != "queue":
+    if getattr(args, "kind", "queue") != "queue":
         raise CliError(f"add: unknown object type {args.kind!r} (only 'queue')", EXIT_USAGE)
     arguments = declare_arguments(
         max_count=args.max_count,
@@ -349,13 +360,14 @@ def _cmd_add(args: argparse.Namespace, _client: AdminClient) -> int:
     return 0
 
 
-def _declare(
-    gateway_url: str,
-    vhost: str | None,
-    name: str,
-    args: argparse.Namespace,
-    arguments: dict[str, object],
-) -> str:
+def _cmd_delete(args: argparse.Namespace, _client: AdminClient) -> int:
+    vhost, messages = _delete(args.gateway_url, getattr(args, "vhost", None), args)
+    print(f"Queue {args.name!r} deleted in vhost {vhost!r} ({_n(messages)} messages with it)")
+    return 0
+
+
+def _connect(gateway_url: str, vhost: str | None) -> tuple[Any, Any]:
+    """A pika connection to the gateway and its parameters."""
     # pika is imported here only: the read-only commands need no AMQP library.
     import pika
     import pika.exceptions
@@ -379,6 +391,37 @@ def _declare(
         ) from None
     except pika.exceptions.AMQPError as exc:
         raise CliError(f"cannot reach the gateway at {gateway_url}: {exc!r}") from None
+    return connection, parameters
+
+
+def _delete(gateway_url: str, vhost: str | None, args: argparse.Namespace) -> tuple[str, int]:
+    import pika.exceptions
+
+    connection, parameters = _connect(gateway_url, vhost)
+    try:
+        channel = connection.channel()
+        frame = channel.queue_delete(args.name, if_unused=args.if_unused, if_empty=args.if_empty)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
+        raise CliError(f"delete refused ({exc.reply_code}): {exc.reply_text}", code) from None
+    except pika.exceptions.AMQPError as exc:
+        raise CliError(f"delete failed: {exc!r}") from None
+    finally:
+        if connection.is_open:
+            connection.close()
+    return str(parameters.virtual_host), int(frame.method.message_count)
+
+
+def _declare(
+    gateway_url: str,
+    vhost: str | None,
+    name: str,
+    args: argparse.Namespace,
+    arguments: dict[str, object],
+) -> str:
+    import pika.exceptions
+
+    connection, parameters = _connect(gateway_url, vhost)
     try:
         channel = connection.channel()
         channel.queue_declare(name, durable=args.durable, arguments=arguments or None)
@@ -408,94 +451,178 @@ def _non_negative(text: str) -> int:
     return value
 
 
+_FLOW_HELP = {
+    "flow_stop_count": "stop producers when the queue holds more than N messages "
+    "(qpid.flow_stop_count)",
+    "flow_resume_count": "resume them when it holds fewer than N messages "
+    "(qpid.flow_resume_count; default: derived from the stop value)",
+    "flow_stop_size": "stop producers when the queue's bodies exceed N bytes (qpid.flow_stop_size)",
+    "flow_resume_size": "resume them when the bodies are under N bytes "
+    "(qpid.flow_resume_size; default: derived from the stop value)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rabbitflow-config`` argument parser."""
+    from rabbitflow_broker import __version__
+
+    # One --vhost, accepted before or after the command.  SUPPRESS: a --vhost
+    # given before the command is not overwritten by a default after it.
     common = argparse.ArgumentParser(add_help=False)
-    # SUPPRESS so a --vhost given before the command is not overwritten by a default after it.
-    common.add_argument("--vhost", default=argparse.SUPPRESS, help='virtual host (default "/")')
+    common.add_argument(
+        "--vhost",
+        default=argparse.SUPPRESS,
+        help='virtual host (default "/" for the commands on one queue; every vhost for '
+        "queues, stop-producers and start-producers)",
+    )
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Inspect and configure rabbitflow gateway flow control.",
+        epilog=f"Environment: RABBITFLOW_ADMIN_URL, {USER_ENV}, {PASSWORD_ENV}, "
+        "RABBITFLOW_GATEWAY_URL.",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "-a",
         "--admin-url",
         default=None,
         help=f"gateway admin API (default $RABBITFLOW_ADMIN_URL, else {DEFAULT_ADMIN_URL})",
     )
-    parser.add_argument("--user", default=None, help="HTTP basic user for the admin API")
-    parser.add_argument("--password", default=None, help="HTTP basic password")
+    parser.add_argument(
+        "--user", default=None, help=f"HTTP basic user for the admin API (default ${USER_ENV})"
+    )
+    parser.add_argument(
+        "--password",
+        default=None,
+        help=f"HTTP basic password; visible to other users in ps: prefer ${PASSWORD_ENV} "
+        "or the prompt (asked on a terminal when --user is given)",
+    )
     parser.add_argument(
         "--gateway-url",
         default=None,
-        help="AMQP URL of the gateway for 'add queue' "
+        help="AMQP URL of the gateway for add-queue and delete-queue "
         # argparse %-formats help text: the URL's %2F must be escaped.
         f"(default $RABBITFLOW_GATEWAY_URL, else {DEFAULT_GATEWAY_URL.replace('%', '%%')})",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        type=str.lower,
+        default="warning",
+        help="log records of this level and above to stderr (default warning)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def flow_options(sub: argparse.ArgumentParser) -> None:
-        for option in _FLOW_OPTIONS:
+        for option, text in _FLOW_HELP.items():
             sub.add_argument(
                 "--" + option.replace("_", "-"),
                 dest=option,
                 type=_non_negative,
                 metavar="N",
                 default=None,
+                help=text,
             )
 
+    def json_option(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
+
     sub = commands.add_parser("queues", parents=[common], help="list queues and flow state")
-    sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    json_option(sub)
     sub.set_defaults(run=_cmd_queues)
 
     sub = commands.add_parser("queue", parents=[common], help="show one queue")
-    sub.add_argument("name")
-    sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    sub.add_argument("name", help="the queue's name")
+    json_option(sub)
     sub.set_defaults(run=_cmd_queue)
 
-    sub = commands.add_parser("add", parents=[common], help="declare a queue through the gateway")
+    def add_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("name", help="the queue's name")
+        sub.add_argument(
+            "--durable",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="survive a RabbitMQ restart (default durable)",
+        )
+        sub.add_argument(
+            "--max-count", type=_non_negative, metavar="N", help="most messages (x-max-length)"
+        )
+        sub.add_argument(
+            "--max-size",
+            type=_non_negative,
+            metavar="N",
+            help="most body bytes (x-max-length-bytes)",
+        )
+        sub.add_argument(
+            "--overflow",
+            choices=("reject-publish", "reject-publish-dlx", "drop-head"),
+            help="x-overflow (default reject-publish when a maximum is given)",
+        )
+        flow_options(sub)
+        sub.set_defaults(run=_cmd_add)
+
+    add_text = "declare a queue through the gateway"
+    add_options(commands.add_parser("add-queue", parents=[common], help=add_text))
+    # qpid-config's spelling: add queue NAME.
+    sub = commands.add_parser("add", parents=[common], help=f"{add_text} (add queue NAME)")
     sub.add_argument("kind", metavar="queue", help="object type (queue)")
-    sub.add_argument("name")
-    sub.add_argument("--durable", action=argparse.BooleanOptionalAction, default=True)
-    sub.add_argument("--max-count", type=_non_negative, metavar="N", help="x-max-length")
-    sub.add_argument("--max-size", type=_non_negative, metavar="N", help="x-max-length-bytes")
-    sub.add_argument(
-        "--overflow",
-        choices=("reject-publish", "reject-publish-dlx", "drop-head"),
-        help="x-overflow (default reject-publish when a maximum is given)",
+    add_options(sub)
+
+    sub = commands.add_parser(
+        "delete-queue", parents=[common], help="delete a queue through the gateway"
     )
-    flow_options(sub)
-    sub.set_defaults(run=_cmd_add)
+    sub.add_argument("name", help="the queue's name")
+    sub.add_argument("--if-empty", action="store_true", help="only if it holds no messages")
+    sub.add_argument("--if-unused", action="store_true", help="only if it has no consumers")
+    sub.set_defaults(run=_cmd_delete)
 
     sub = commands.add_parser("set-flow", parents=[common], help="set a queue's thresholds")
-    sub.add_argument("name")
-    sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    sub.add_argument("name", help="the queue's name")
+    json_option(sub)
     flow_options(sub)
     sub.set_defaults(run=_cmd_set_flow)
 
-    # The producer commands act on every vhost unless --vhost narrows them.
-    every_vhost = argparse.ArgumentParser(add_help=False)
-    every_vhost.add_argument(
-        "--vhost",
-        default=argparse.SUPPRESS,
-        help="only the producers of this virtual host (default: every vhost)",
-    )
     for name, text in (("stop-producers", "block"), ("start-producers", "unblock")):
-        sub = commands.add_parser(name, parents=[every_vhost], help=f"{text} producers")
+        sub = commands.add_parser(name, parents=[common], help=f"{text} producers")
         sub.add_argument("--queue", default=None, help="only the producers of this queue")
-        sub.add_argument("--json", action="store_true", help="print the admin API's JSON")
+        json_option(sub)
         sub.set_defaults(run=_cmd_producers)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Console-script entry point; returns the exit status (see the module docstring)."""
+def _password(
+    args: argparse.Namespace,
+    user: str | None,
+    environ: Mapping[str, str],
+    prompt: Callable[[str], str] | None,
+) -> str | None:
+    if args.password is not None:
+        return str(args.password)
+    if PASSWORD_ENV in environ:
+        return environ[PASSWORD_ENV]
+    if user is not None and prompt is not None:
+        return prompt(f"Password for {user} on the gateway admin API: ")
+    return None
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    prompt: Callable[[str], str] | None = None,
+) -> int:
+    """Console-script entry point; returns the exit status (see the module docstring).
+
+    ``prompt`` asks for the admin password when ``--user`` is given without
+    one (default: :func:`getpass.getpass` when stdin is a terminal).
+    """
     environ = os.environ if environ is None else environ
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     admin_url = args.admin_url or environ.get("RABBITFLOW_ADMIN_URL") or DEFAULT_ADMIN_URL
     args.gateway_url = (
         args.gateway_url or environ.get("RABBITFLOW_GATEWAY_URL") or DEFAULT_GATEWAY_URL
@@ -505,7 +632,17 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             f"{PROG}: --admin-url: expected an http(s):// URL, got {admin_url!r}", file=sys.stderr
         )
         return EXIT_USAGE
-    client = AdminClient(base_url=admin_url, user=args.user, password=args.password)
+    if args.run in (_cmd_add, _cmd_delete):
+        prompt = None  # these go through AMQP, not the admin API
+    elif prompt is None and sys.stdin is not None and sys.stdin.isatty():
+        prompt = getpass.getpass
+    user = args.user or environ.get(USER_ENV)
+    try:
+        password = _password(args, user, environ, prompt)
+    except (EOFError, KeyboardInterrupt):
+        print(f"{PROG}: no password given", file=sys.stderr)
+        return EXIT_USAGE
+    client = AdminClient(base_url=admin_url, user=user, password=password)
     try:
         code: int = args.run(args, client)
     except CliError as exc:

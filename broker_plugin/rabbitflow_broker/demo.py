@@ -447,9 +447,57 @@ def _summary(printer: _Printer, result: DemoResult) -> None:
     printer.plain(f"  result                {'OK' if result.ok else '; '.join(result.problems)}")
 
 
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
+
+
+def wait_for_gateway(url: str, timeout_s: float, *, interval_s: float = 0.5) -> bool:
+    """Whether the gateway at the AMQP ``url`` answers a handshake within
+    ``timeout_s`` (retried every ``interval_s``; a container starting beside it
+    may take a while)."""
+    from rabbitflow_broker.rabbitmq_node import amqp_handshake_ok
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "localhost", parts.port or 5672
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if amqp_handshake_ok(host, port, timeout=min(2.0, max(timeout_s, 0.1))):
+            return True
+        if time.monotonic() + interval_s > deadline:
+            return False
+        time.sleep(interval_s)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``rabbitflow-demo`` argument parser."""
-    parser = argparse.ArgumentParser(prog="rabbitflow-demo", description=__doc__.split("\n\n")[0])
+    from rabbitflow_broker import __version__
+
+    # The module docstring, as plain text: no reST markup in --help.
+    description = "\n\n".join(__doc__.replace("``", "").split("\n\n")[:2])
+    parser = argparse.ArgumentParser(
+        prog="rabbitflow-demo",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        type=str.lower,
+        default="warning",
+        help="log records of other libraries at this level and above to stderr (warning)",
+    )
+    parser.add_argument(
+        "--wait",
+        type=int,
+        default=60_000,
+        metavar="MS",
+        help="with --gateway-url: how long to wait for the gateway to answer (60000 ms)",
+    )
     parser.add_argument("--messages", type=int, default=500, help="messages per producer (500)")
     parser.add_argument(
         "--consume-rate", type=float, default=100.0, help="consumer messages per second (100)"
@@ -472,6 +520,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.messages < 1 or args.consume_rate <= 0:
         print("rabbitflow-demo: --messages and --consume-rate must be positive", file=sys.stderr)
         return 2
+    if args.wait < 0:
+        print("rabbitflow-demo: --wait must not be negative", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
+    if args.gateway_url and not wait_for_gateway(args.gateway_url, args.wait / 1000):
+        print(
+            f"rabbitflow-demo: the gateway at {_without_password(args.gateway_url)} did not "
+            f"answer within {args.wait} ms",
+            file=sys.stderr,
+        )
+        return 1
     options = DemoOptions(
         messages=args.messages,
         consume_rate=args.consume_rate,

@@ -91,6 +91,8 @@ class EngineSettings:
 
     flow_enforcement_timeout: float | None = 5.0  # seconds; None: never close
     handshake_timeout: float | None = 10.0
+    #: Announced to clients in Connection.Start (``rabbitflow-gateway``).
+    server: str = "rabbitflow-broker"
 
 
 #: Bytes to write: a run of a read longer than :data:`VIEW_MIN` is a view of

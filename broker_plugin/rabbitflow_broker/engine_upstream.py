@@ -127,6 +127,16 @@ class FromUpstream:
                     down.keep(buf, pos, unit_end)
                     pos = unit_end
                     continue
+            if (
+                number == 0
+                and kind == _METHOD
+                and size >= 4
+                and u32(buf, pos + 7) == amqp.CONNECTION_START
+            ):
+                # Once per connection: say that a gateway answers, not RabbitMQ.
+                down.add(amqp.announce_gateway(bytes(buf[pos:end]), self.conn.settings.server))
+                pos = end
+                continue
             if self._frame(buf, pos, end, kind, number, channel, up):
                 down.keep(buf, pos, end)
             pos = end

@@ -31,6 +31,7 @@ from typing import cast
 
 import structlog
 
+import rabbitflow_broker
 from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
@@ -45,6 +46,8 @@ __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Re
 Connector = Callable[[str, int, Callable[[], asyncio.Protocol]], Awaitable[asyncio.BaseTransport]]
 
 _log = structlog.get_logger("rabbitflow.broker.relay")
+#: What clients read in Connection.Start's ``rabbitflow-gateway`` property.
+_SERVER = f"rabbitflow-broker {rabbitflow_broker.__version__}"
 
 #: Bytes the client transport may buffer before the relay stops reading upstream.
 WRITE_HIGH_WATER = 1024 * 1024
@@ -83,6 +86,7 @@ class Relay(EngineViews, asyncio.Protocol):
         settings = EngineSettings(
             flow_enforcement_timeout=timeout / 1000 if timeout else None,
             handshake_timeout=handshake / 1000 if handshake else None,
+            server=_SERVER,
         )
         self.engine = Engine(gateway, number=self.number, settings=settings)
         self._pump = Pump(self.engine, gateway, self)

@@ -7,6 +7,9 @@
 ...     producer.send(session.create_text_message("hello"))
 """
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
 from ._connection import Connection, ConnectionFactory
 from ._consumer import MessageConsumer
 from ._consumer_flow import ConsumerFlowStats
@@ -73,6 +76,13 @@ __all__ = [
     "Topic",
     "TransactionRolledBackError",
     "UnconfirmedMessagesError",
+    "__version__",
     "json_formatter",
     "system_properties",
 ]
+
+try:
+    #: The installed distribution's version (one source: pyproject.toml).
+    __version__: str = _dist_version("rabbitflow")
+except _PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"

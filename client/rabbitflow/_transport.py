@@ -35,6 +35,7 @@ from ._exceptions import (
     ProtocolError,
     TLSError,
 )
+from ._log import get_logger
 from ._message import WireProperties
 
 __all__ = [
@@ -787,6 +788,32 @@ class TransportChannel:
             self.ack(tag, multiple=multiple)
 
 
+#: The Connection.Start server property by which a rabbitflow gateway answers.
+GATEWAY_PROPERTY = "rabbitflow-gateway"
+_direct_noted: set[tuple[str, int]] = set()
+_direct_lock = threading.Lock()
+
+
+def note_direct_rabbitmq(server_properties: object, host: str, port: int) -> bool:
+    """Log once per address, at INFO, that a connection went straight to RabbitMQ
+    (its Connection.Start has no :data:`GATEWAY_PROPERTY`): RabbitMQ's own
+    connection blocking applies, but no per-queue flow control.  Returns
+    whether it logged."""
+    if isinstance(server_properties, dict) and GATEWAY_PROPERTY in server_properties:
+        return False
+    with _direct_lock:
+        if (host, port) in _direct_noted:
+            return False
+        _direct_noted.add((host, port))
+    get_logger().info(
+        f"Connected straight to RabbitMQ at {host}:{port}, not through a rabbitflow "
+        "gateway: per-queue flow control (qpid.flow_* thresholds) is not enforced",
+        host=host,
+        port=port,
+    )
+    return True
+
+
 class PikaTransport:
     """One AMQP connection on its own I/O thread."""
 
@@ -856,6 +883,8 @@ class PikaTransport:
         def on_open(conn: Any) -> None:
             _coalesce_writes(conn)
             self._opened = True
+            params = self._params
+            note_direct_rabbitmq(getattr(conn, "server_properties", None), params.host, params.port)
             opened.set_result(None)
 
         def on_open_error(_conn: Any, error: BaseException | str) -> None:

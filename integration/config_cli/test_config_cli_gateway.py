@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import pika.exceptions
 import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
@@ -142,3 +143,35 @@ def test_set_flow_blocks_a_running_producer_at_once_and_survives_a_restart(
         late.stop()
         wait_done(late, timeout=30)
     delete_through(gateway, queue)
+
+
+def test_add_queue_and_delete_queue_through_the_gateway(
+    gateway: RunningGateway,
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    queue = unique_name("addq")
+    cleanup_queues.append(queue)
+
+    assert cli(gateway, "add-queue", queue, "--flow-stop-count", "30") == 0, capsys.readouterr()
+    assert gateway.queue(queue)["flowStopCount"] == 30
+    connection = gateway.connect()
+    connection.channel().basic_publish("", queue, b"x")
+    connection.close()
+    wait_for(lambda: gateway.queue(queue)["messages"] == 1, timeout=10)
+    capsys.readouterr()
+
+    # --if-empty refuses (406) and keeps the queue and its message.
+    assert cli(gateway, "delete-queue", queue, "--if-empty") == 2
+    assert "406" in capsys.readouterr().err
+    assert gateway.queue(queue)["messages"] == 1
+
+    assert cli(gateway, "delete-queue", queue) == 0
+    assert f"Queue {queue!r} deleted in vhost '/' (1 messages with it)" in capsys.readouterr().out
+    probe = gateway.connect()
+    channel = probe.channel()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+        channel.queue_declare(queue, passive=True)
+    if probe.is_open:
+        probe.close()

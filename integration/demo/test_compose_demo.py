@@ -29,8 +29,14 @@ BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
 FAST = ["--messages", "150", "--consume-rate", "400"]
 
 
+#: What the operator puts in the environment (compose requires it: ``${NAME:?}``).
+OPERATOR_ENV = {"RABBITFLOW_ADMIN_PASSWORD": "compose-test-password"}
+
+
 def _expand(value: str) -> str:
-    """Compose's ``${NAME:-default}`` with NAME unset, as on a fresh checkout."""
+    """Compose's ``${NAME:-default}`` with NAME unset, as on a fresh checkout, and
+    ``${NAME:?message}`` with the operator's value."""
+    value = re.sub(r"\$\{([A-Z_]+):\?[^}]*\}", lambda m: OPERATOR_ENV[m.group(1)], value)
     return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import os
 import sys
 import threading
@@ -581,10 +582,28 @@ def analyze(
     )
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rabbitflow")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rabbitflow-analyze",
         description="Analyse rabbitflow gateway event logs (and client logs) with Spark.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        type=str.lower,
+        default="warning",
+        help="log records of this level and above to stderr (default warning; Spark's own "
+        "log stays at ERROR)",
     )
     parser.add_argument("event_logs", nargs="+", metavar="EVENT_LOG", help="files or globs")
     parser.add_argument("--out", required=True, type=Path, help="output directory")
@@ -617,6 +636,7 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     in (left running); by default the job builds its own and stops it.
     """
     args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     limits = None
     if args.queue_limits is not None:
         try:

@@ -79,7 +79,10 @@ def test_a_build_older_than_the_sources_is_never_imported(tmp_path: Path) -> Non
     env = _package_copy(tmp_path, "0" * 64)
     path, status, _ = _probe(env)
     assert path == str(tmp_path / "rabbitflow_broker" / "engine.py")
-    assert status == "pure Python (the build is older than the sources: run scripts/bootstrap)"
+    assert status == (
+        "pure Python (the build is older than the sources: "
+        "rebuild with scripts/build_accel.py or pip install .)"
+    )
 
 
 def test_a_current_build_is_imported_unless_the_pure_env_is_set(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def test_public_names_are_pinned() -> None:
             "Topic",
             "TransactionRolledBackError",
             "UnconfirmedMessagesError",
+            "__version__",
             "json_formatter",
             "system_properties",
         ]
