@@ -12,6 +12,10 @@ Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
   ``{"vhost": ..., "queue": ...}`` (no body, ``{}`` or nulls: everything);
 * ``GET /api/ready``: 200 ``{"ready": true}`` once the gateway has its
   first routing snapshot, else 503 with the reason clients are refused;
+* ``GET /api/runtime``: the process's resident memory, open file
+  descriptors, asyncio tasks, relayed connections and the cycle
+  collector's counts (:mod:`rabbitflow_broker.gc_policy`), to watch for
+  leaks;
 * ``GET /metrics`` (Prometheus text, see :mod:`rabbitflow_broker.metrics`);
 * ``GET /`` the web console (``static/``).
 
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -328,6 +333,40 @@ async def get_ready(request: web.Request) -> web.Response:
     return web.json_response({"ready": False, "reason": reason}, status=503)
 
 
+def _resident_bytes() -> int | None:
+    """VmRSS of this process (None where ``/proc`` does not say)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _open_fds() -> int | None:
+    """File descriptors this process has open (None where ``/proc`` does not say)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+    except OSError:
+        return None
+
+
+async def get_runtime(request: web.Request) -> web.Response:
+    """GET /api/runtime: memory, descriptors, tasks, connections and the collector."""
+    service = _service(request)
+    return web.json_response(
+        {
+            "rssBytes": _resident_bytes(),
+            "openFds": _open_fds(),
+            "tasks": len(asyncio.all_tasks()),
+            "connections": len(service.gateway.connections),
+            "gc": service.collector.stats(),
+        }
+    )
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     """GET /metrics"""
     body = render(request.app[_REGISTRY_KEY])
@@ -380,6 +419,7 @@ def create_app(
     app.router.add_post("/api/producers/stop", stop_producers)
     app.router.add_post("/api/producers/start", start_producers)
     app.router.add_get("/api/ready", get_ready)
+    app.router.add_get("/api/runtime", get_runtime)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", console)
     app.router.add_static("/static/", _STATIC, follow_symlinks=False)
