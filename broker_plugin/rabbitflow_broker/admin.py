@@ -50,7 +50,6 @@ gateway.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Awaitable
 from pathlib import Path
@@ -243,11 +242,15 @@ async def list_channels(request: web.Request) -> web.Response:
     return web.json_response(channels)
 
 
+class _BadScope(Exception):
+    """The body of a producer call is not a valid scope."""
+
+
 async def _scope(request: web.Request) -> tuple[str | None, str | None]:
     """The optional ``{"vhost", "queue"}`` body of the producer calls.
 
     Raises:
-        web.HTTPBadRequest: not JSON, not an object, unknown keys, non-strings.
+        _BadScope: not JSON, not an object, unknown keys, non-strings.
     """
     raw = await request.read()
     if not raw.strip():
@@ -255,28 +258,29 @@ async def _scope(request: web.Request) -> tuple[str | None, str | None]:
     try:
         body: Any = _parse_json(raw)
     except ValueError as exc:
-        raise _bad_request(str(exc)) from None
+        raise _BadScope(str(exc)) from None
     if not isinstance(body, dict):
-        raise _bad_request('body must be a JSON object {"vhost": ..., "queue": ...}')
+        raise _BadScope('body must be a JSON object {"vhost": ..., "queue": ...}')
     unknown = sorted(set(body) - {"vhost", "queue"})
     if unknown:
-        raise _bad_request(f"unknown key {unknown[0]!r} (expected vhost, queue)")
+        raise _BadScope(f"unknown key {unknown[0]!r} (expected vhost, queue)")
     values: list[str | None] = []
     for key in ("vhost", "queue"):
         value = body.get(key)
         if value is not None and (not isinstance(value, str) or not value):
-            raise _bad_request(f"{key} must be a non-empty string, got {value!r}")
+            raise _BadScope(f"{key} must be a non-empty string, got {value!r}")
         values.append(value)
     return values[0], values[1]
 
 
-def _bad_request(text: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps({"error": text}), content_type="application/json")
-
-
 async def _producers(request: web.Request, action: str) -> web.Response:
     gateway = _service(request).gateway
-    vhost, queue = await _scope(request)
+    try:
+        vhost, queue = await _scope(request)
+    except _BadScope as exc:
+        # Answered, not raised as aiohttp's HTTPBadRequest: a raised response
+        # keeps its traceback, whose frames refer back to it (a cycle per request).
+        return _error(400, str(exc))
     change = gateway.stop_producers if action == "stop" else gateway.start_producers
     try:
         change(vhost=vhost, queue=queue)
