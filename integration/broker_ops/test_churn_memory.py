@@ -31,7 +31,7 @@ from integration.conftest import Broker
 from rabbitflow_broker.rabbitmq_node import free_port
 
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
-WARM_UP = 1_000
+WARM_UP = 500
 CHURN = 5_000
 RSS_GROWTH_ALLOWED = 2 * 1024 * 1024
 
