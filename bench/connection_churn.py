@@ -11,9 +11,9 @@ connections.
 The gateway runs as a ``rabbitflow-broker`` subprocess on free ports, as in
 ``bench/gateway_overhead.py`` (``--gateway-src [LABEL=]TREE``, repeatable,
 runs it from another checkout; ``--event-loop`` picks its loop).  After
-every ``--sample-every`` connections (3,000) the bench waits until the
-gateway's descriptors are back to their count at start, then reads its
-resident memory (``VmRSS`` of ``/proc/<pid>/status``).  Printed per
+every ``--sample-every`` connections (3,000) the bench waits (up to 10 s)
+until the gateway's descriptors are back to their count at start, then
+reads its resident memory (``VmRSS`` of ``/proc/<pid>/status``).  Printed per
 gateway: the RSS after each sample, and the growth per connection from the
 first sample (after one round of warm-up) to the last, in bytes.
 
@@ -190,10 +190,11 @@ def _wait_ready(admin_port: int) -> None:
 
 
 def _wait_fds(pid: int, baseline: int) -> int:
-    deadline = time.monotonic() + 30
-    while (count := _fds(pid)) > baseline:
-        if time.monotonic() > deadline:
-            raise BenchError(f"descriptors stayed at {count} (baseline {baseline})")
+    """Wait (up to 10 s) until the gateway has no more descriptors open than
+    at ``baseline``; returns the count (printed: the management API's
+    connection pool may hold one more for a while)."""
+    deadline = time.monotonic() + 10
+    while (count := _fds(pid)) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
     return count
 

@@ -10,14 +10,18 @@ costs CPU (about 5% of the relay's, ``bench/relay_cpu.py``) for nothing.
 no pass scans it again.
 
 Raised thresholds alone would cost memory: what does die in a cycle (an
-exception and its traceback, asyncio's own socket transport, an HTTP
-request of the admin API) would reach the oldest generation, which Python
+exception and its traceback, asyncio's own socket transport, a state file
+written as indented JSON) would reach the oldest generation, which Python
 then scans only every ``young * middle * old`` allocations, and would stay
 there.  So :meth:`CollectorPolicy.run` (scheduled by the service) makes a
-full collection every :attr:`~CollectorSettings.full_interval` seconds:
-cyclic garbage lives at most that long, and the pass costs a few
-milliseconds per 100,000 tracked objects.  :meth:`CollectorPolicy.stats`
-says how many passes ran, what they freed and how long the last took.
+full collection every :attr:`~CollectorSettings.full_interval` seconds, so
+cyclic garbage lives about that long.  A full pass scans every object the
+gateway made since start (about 70 per open connection) and stops the
+event loop meanwhile; when one takes longer than
+:attr:`~CollectorSettings.budget` of the interval, the next waits longer,
+so that full passes never take more than that share of the time.
+:meth:`CollectorPolicy.stats` says how many passes ran, what they freed
+and how long they took.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ class CollectorSettings:
     old: int = 100
     #: Seconds between full collections (0: none, Python's own pace only).
     full_interval: float = FULL_INTERVAL_S
+    #: The largest share of the time full collections may take: after a
+    #: pass of ``d`` seconds the next comes ``max(full_interval, d / budget)``
+    #: seconds later.
+    budget: float = 0.01
 
     def __post_init__(self) -> None:
         for name in ("young", "middle", "old"):
@@ -55,6 +63,8 @@ class CollectorSettings:
                 raise ValueError(f"collector threshold {name} must be at least 1")
         if self.full_interval < 0:
             raise ValueError("full_interval must not be negative")
+        if not 0 < self.budget <= 1:
+            raise ValueError("budget must be a share of the time: more than 0, at most 1")
 
 
 class CollectorPolicy:
@@ -98,13 +108,19 @@ class CollectorPolicy:
         self.longest = max(self.longest, duration)
         return found
 
+    def next_interval(self) -> float:
+        """Seconds until the next full collection: ``full_interval``, longer
+        when the last pass took more than ``budget`` of it."""
+        settings = self.settings
+        return max(settings.full_interval, self.last_duration / settings.budget)
+
     async def run(self) -> None:
-        """Collect every ``full_interval`` seconds until cancelled (none at 0)."""
-        interval = self.settings.full_interval
-        if not interval:
+        """Collect every :meth:`next_interval` seconds until cancelled (never
+        when ``full_interval`` is 0)."""
+        if not self.settings.full_interval:
             return
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.next_interval())
             self.collect_now()
 
     def stats(self) -> dict[str, object]:
@@ -115,6 +131,7 @@ class CollectorPolicy:
             "counts": list(gc.get_count()),
             "frozen": gc.get_freeze_count(),
             "full_interval_s": self.settings.full_interval,
+            "next_interval_s": round(self.next_interval(), 3),
             "full_collections": self.full_collections,
             "freed": self.freed,
             "last_freed": self.last_freed,

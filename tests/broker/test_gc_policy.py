@@ -47,10 +47,26 @@ def test_full_collection_is_counted_and_timed() -> None:
     assert stats["last_duration_ms"] == pytest.approx(2.0)
 
 
+def test_a_slow_pass_stretches_the_interval_to_keep_within_the_budget() -> None:
+    clock = FakeClock(0.05)
+    settings = CollectorSettings(full_interval=10.0, budget=0.01)
+    policy = CollectorPolicy(settings, collect=FakeCollector(found=0), clock=clock)
+    assert policy.next_interval() == 10.0
+    policy.collect_now()  # 50 ms: within 1% of 10 s
+    assert policy.next_interval() == 10.0
+    clock.step = 0.3
+    policy.collect_now()  # 300 ms: the next waits 30 s
+    assert policy.next_interval() == pytest.approx(30.0)
+    clock.step = 0.01
+    policy.collect_now()
+    assert policy.next_interval() == 10.0
+    assert policy.stats()["longest_ms"] == pytest.approx(300.0)
+
+
 @pytest.mark.parametrize(
     "options",
-    [{"young": 0}, {"middle": 0}, {"old": -1}, {"full_interval": -1.0}],
-    ids=["young", "middle", "old", "interval"],
+    [{"young": 0}, {"middle": 0}, {"old": -1}, {"full_interval": -1.0}, {"budget": 0.0}],
+    ids=["young", "middle", "old", "interval", "budget"],
 )
 def test_settings_refuse_what_would_stop_or_break_the_collector(options: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must"):
