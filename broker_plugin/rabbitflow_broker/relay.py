@@ -17,6 +17,12 @@ than its high-water mark, the other side is not read (toward RabbitMQ a
 small one: :data:`UPSTREAM_UNSENT`).  When the
 gateway's blocking state changes, :class:`~rabbitflow_broker.refresher.Refresher`
 calls :meth:`Relay.refresh` on a later turn of the event loop.
+
+Once both sockets are closed the relay cancels its timers and lets go of
+its transports, pump and engine's channels: a closed connection is freed
+by reference counting at once, nothing of it waits for the cycle
+collector (which the gateway runs rarely, see
+:mod:`~rabbitflow_broker.gc_policy`).
 """
 
 from __future__ import annotations
@@ -88,6 +94,8 @@ class Relay(EngineViews, asyncio.Protocol):
         self._pump = Pump(self.engine, gateway, self)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)
+        # Each transport refers to its protocol (this relay, or _Upstream) until
+        # it is lost: a cycle while open, which _release() leaves none of.
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
