@@ -12,6 +12,10 @@ Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
   ``{"vhost": ..., "queue": ...}`` (no body, ``{}`` or nulls: everything);
 * ``GET /api/ready``: 200 ``{"ready": true}`` once the gateway has its
   first routing snapshot, else 503 with the reason clients are refused;
+* ``GET /api/runtime``: the process's resident memory, open file
+  descriptors, asyncio tasks, relayed connections and the cycle
+  collector's counts (:mod:`rabbitflow_broker.gc_policy`), to watch for
+  leaks;
 * ``GET /metrics`` (Prometheus text, see :mod:`rabbitflow_broker.metrics`);
 * ``GET /`` the web console (``static/``).
 
@@ -46,7 +50,7 @@ gateway.
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,11 +242,15 @@ async def list_channels(request: web.Request) -> web.Response:
     return web.json_response(channels)
 
 
+class _BadScope(Exception):
+    """The body of a producer call is not a valid scope."""
+
+
 async def _scope(request: web.Request) -> tuple[str | None, str | None]:
     """The optional ``{"vhost", "queue"}`` body of the producer calls.
 
     Raises:
-        web.HTTPBadRequest: not JSON, not an object, unknown keys, non-strings.
+        _BadScope: not JSON, not an object, unknown keys, non-strings.
     """
     raw = await request.read()
     if not raw.strip():
@@ -250,28 +258,29 @@ async def _scope(request: web.Request) -> tuple[str | None, str | None]:
     try:
         body: Any = _parse_json(raw)
     except ValueError as exc:
-        raise _bad_request(str(exc)) from None
+        raise _BadScope(str(exc)) from None
     if not isinstance(body, dict):
-        raise _bad_request('body must be a JSON object {"vhost": ..., "queue": ...}')
+        raise _BadScope('body must be a JSON object {"vhost": ..., "queue": ...}')
     unknown = sorted(set(body) - {"vhost", "queue"})
     if unknown:
-        raise _bad_request(f"unknown key {unknown[0]!r} (expected vhost, queue)")
+        raise _BadScope(f"unknown key {unknown[0]!r} (expected vhost, queue)")
     values: list[str | None] = []
     for key in ("vhost", "queue"):
         value = body.get(key)
         if value is not None and (not isinstance(value, str) or not value):
-            raise _bad_request(f"{key} must be a non-empty string, got {value!r}")
+            raise _BadScope(f"{key} must be a non-empty string, got {value!r}")
         values.append(value)
     return values[0], values[1]
 
 
-def _bad_request(text: str) -> web.HTTPBadRequest:
-    return web.HTTPBadRequest(text=json.dumps({"error": text}), content_type="application/json")
-
-
 async def _producers(request: web.Request, action: str) -> web.Response:
     gateway = _service(request).gateway
-    vhost, queue = await _scope(request)
+    try:
+        vhost, queue = await _scope(request)
+    except _BadScope as exc:
+        # Answered, not raised as aiohttp's HTTPBadRequest: a raised response
+        # keeps its traceback, whose frames refer back to it (a cycle per request).
+        return _error(400, str(exc))
     change = gateway.stop_producers if action == "stop" else gateway.start_producers
     try:
         change(vhost=vhost, queue=queue)
@@ -328,6 +337,40 @@ async def get_ready(request: web.Request) -> web.Response:
     return web.json_response({"ready": False, "reason": reason}, status=503)
 
 
+def _resident_bytes() -> int | None:
+    """VmRSS of this process (None where ``/proc`` does not say)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _open_fds() -> int | None:
+    """File descriptors this process has open (None where ``/proc`` does not say)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the listing's own
+    except OSError:
+        return None
+
+
+async def get_runtime(request: web.Request) -> web.Response:
+    """GET /api/runtime: memory, descriptors, tasks, connections and the collector."""
+    service = _service(request)
+    return web.json_response(
+        {
+            "rssBytes": _resident_bytes(),
+            "openFds": _open_fds(),
+            "tasks": len(asyncio.all_tasks()),
+            "connections": len(service.gateway.connections),
+            "gc": service.collector.stats(),
+        }
+    )
+
+
 async def get_metrics(request: web.Request) -> web.Response:
     """GET /metrics"""
     body, content_type = negotiate(request.app[_REGISTRY_KEY], request.headers.get("Accept"))
@@ -380,6 +423,7 @@ def create_app(
     app.router.add_post("/api/producers/stop", stop_producers)
     app.router.add_post("/api/producers/start", start_producers)
     app.router.add_get("/api/ready", get_ready)
+    app.router.add_get("/api/runtime", get_runtime)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", console)
     app.router.add_static("/static/", _STATIC, follow_symlinks=False)

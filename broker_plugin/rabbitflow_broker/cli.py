@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
@@ -18,6 +17,7 @@ from collections.abc import Callable, Sequence
 import structlog
 
 from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
+from rabbitflow_broker.gc_policy import CollectorPolicy
 from rabbitflow_broker.service import GatewayService
 
 __all__ = ["configure_logging", "event_loop_factory", "main"]
@@ -117,12 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rabbitflow-broker: {exc}", file=sys.stderr)
         return 2
-    # The relay allocates a few short-lived tuples per frame, almost none in
-    # cycles: collecting the youngest generation every 700 allocations costs
-    # about 5% of its CPU (bench/relay_cpu.py), so collect less often, and
-    # never scan what was loaded at start.
-    gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
+    # Rare young collections, nothing loaded at start scanned again; the
+    # service adds a periodic full collection (rabbitflow_broker.gc_policy).
+    CollectorPolicy().install()
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve(config))

@@ -91,12 +91,14 @@ class Engine(Connection):
         self.user = "unknown"
         self.vhost = "/"
         self.settings = settings or EngineSettings()
+        # Each channel refers back to the engine (it calls into it on every
+        # frame): a cycle that release() breaks when the connection ends.
         self.channels: dict[int, Channel] = {}
         # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
         # frames of a client that reopens the number meanwhile wait here.
         self.upstream_closing: dict[int, list[bytes]] = {}
         self._client = Inbound(PRE_LOGIN_FRAME_MAX)
-        self._from_upstream = FromUpstream(self)
+        self._from_upstream = FromUpstream()
         self._upstream = self._from_upstream.inbound
         self._header_seen = False
         self._upstream_ready = False
@@ -162,7 +164,7 @@ class Engine(Connection):
         self._begin(now)
         if not self._closed:
             try:
-                self._from_upstream.receive(data, self._down, self._up)
+                self._from_upstream.receive(self, data, self._down, self._up)
             except FrameError as exc:
                 self._down.add(amqp.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {exc.text}"))
                 self._closed = True
@@ -214,6 +216,13 @@ class Engine(Connection):
             if self._open:
                 self._acts.events.append(ConnectionClosed(ts=self.hub.now(), **self.identity()))
         return self._finish()
+
+    def release(self) -> None:
+        """The driver is done with the connection (after :meth:`client_gone`):
+        drop the channels, whose back-reference to the engine is the engine's
+        only reference cycle, so that reference counting frees it at once."""
+        self.channels.clear()
+        self.upstream_closing.clear()
 
     @property
     def in_flight(self) -> int:

@@ -30,8 +30,9 @@ _BODY: Final = 3
 class FromUpstream:
     """What RabbitMQ sends one connection, on its way to the client."""
 
-    def __init__(self, conn: Engine) -> None:
-        self.conn = conn
+    def __init__(self) -> None:
+        # No reference to the engine: it passes itself to each call, so the
+        # two form no cycle and a closed connection is freed by refcounting.
         self.inbound = Inbound(1 << 31)
         # Frames of the gateway's own waiting for a delivery on their channel to end.
         self.deferred: list[tuple[int, bytes]] = []
@@ -55,8 +56,8 @@ class FromUpstream:
         """The channel is closed: drop what waits for it."""
         self.deferred = [(n, f) for n, f in self.deferred if n != number]
 
-    def receive(self, data: bytes, down: Out, up: Out) -> None:
-        """Scan ``data``; frames for the client go to ``down``.
+    def receive(self, conn: Engine, data: bytes, down: Out, up: Out) -> None:
+        """Scan ``data`` for ``conn``; frames for the client go to ``down``.
 
         Raises:
             FrameError: RabbitMQ sent something that is not AMQP.
@@ -68,10 +69,10 @@ class FromUpstream:
             if len(pending) < inbound.need:
                 return
             buf = bytes(pending)  # scanned as bytes, like the client's (Engine.parse_client)
-            pos = self._scan(buf, down, up)
+            pos = self._scan(conn, buf, down, up)
             del pending[:pos]
         else:
-            pos = self._scan(data, down, up)
+            pos = self._scan(conn, data, down, up)
             pending += memoryview(data)[pos:]
         if self.deferred:
             ready = [(n, f) for n, f in self.deferred if not self.mid_content(n)]
@@ -80,12 +81,12 @@ class FromUpstream:
                 for _, frame in ready:
                     down.add(frame)
 
-    def _scan(self, buf: bytes, down: Out, up: Out) -> int:
+    def _scan(self, conn: Engine, buf: bytes, down: Out, up: Out) -> int:
         inbound = self.inbound
         size_all = len(buf)
         pos = 0
-        channels = self.conn.channels
-        closing = self.conn.upstream_closing
+        channels = conn.channels
+        closing = conn.upstream_closing
         while size_all - pos >= 7:
             kind = buf[pos]
             number = u16(buf, pos + 1)
@@ -134,10 +135,10 @@ class FromUpstream:
                 and u32(buf, pos + 7) == amqp.CONNECTION_START
             ):
                 # Once per connection: say that a gateway answers, not RabbitMQ.
-                down.add(amqp.announce_gateway(bytes(buf[pos:end]), self.conn.settings.server))
+                down.add(amqp.announce_gateway(bytes(buf[pos:end]), conn.settings.server))
                 pos = end
                 continue
-            if self._frame(buf, pos, end, kind, number, channel, up):
+            if self._frame(conn, buf, pos, end, kind, number, channel, up):
                 down.keep(buf, pos, end)
             pos = end
         inbound.need = 7
@@ -145,6 +146,7 @@ class FromUpstream:
 
     def _frame(  # noqa: PLR0917 - the hot loop's locals, positionally
         self,
+        conn: Engine,
         buf: bytes,
         pos: int,
         end: int,
@@ -155,7 +157,7 @@ class FromUpstream:
     ) -> bool:
         """One frame from RabbitMQ; True to forward it to the client."""
         inbound = self.inbound
-        closing = number in self.conn.upstream_closing
+        closing = number in conn.upstream_closing
         if kind == _BODY:
             remaining = inbound.remaining.get(number, 0) - (end - pos - 8)
             if remaining > 0:
@@ -182,12 +184,12 @@ class FromUpstream:
             # Swallow what RabbitMQ still sends on a channel the gateway closed;
             # its CloseOk lets a reopen of the number through.
             if method == amqp.CHANNEL_CLOSE_OK:
-                stash = self.conn.upstream_closing.pop(number)
+                stash = conn.upstream_closing.pop(number)
                 if stash:
                     up.add(b"".join(stash))
             return False
         if number == 0:
-            self.conn.upstream_connection_method(method)
+            conn.upstream_connection_method(method)
             return True
         if channel is None:
             return True

@@ -17,6 +17,12 @@ than its high-water mark, the other side is not read (toward RabbitMQ a
 small one: :data:`UPSTREAM_UNSENT`).  When the
 gateway's blocking state changes, :class:`~rabbitflow_broker.refresher.Refresher`
 calls :meth:`Relay.refresh` on a later turn of the event loop.
+
+Once both sockets are closed the relay cancels its timers and lets go of
+its transports, pump and engine's channels: a closed connection is freed
+by reference counting at once, nothing of it waits for the cycle
+collector (which the gateway runs rarely, see
+:mod:`~rabbitflow_broker.gc_policy`).
 """
 
 from __future__ import annotations
@@ -92,10 +98,13 @@ class Relay(EngineViews, asyncio.Protocol):
         self._pump = Pump(self.engine, gateway, self)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)
+        # Each transport refers to its protocol (this relay, or _Upstream) until
+        # it is lost: a cycle while open, which _release() leaves none of.
         self._client: asyncio.Transport | None = None
         self._upstream: asyncio.Transport | None = None
         self._paused: set[str] = set()  # why the client is not read
         self._timer: asyncio.TimerHandle | None = None
+        self._hard_close: asyncio.TimerHandle | None = None
         self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed: asyncio.Future[None] | None = None
@@ -256,7 +265,8 @@ class Relay(EngineViews, asyncio.Protocol):
             if self._timer is not None:
                 self._timer.cancel()
             with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_later(_HARD_CLOSE_S, self._hard_abort)
+                loop = asyncio.get_running_loop()
+                self._hard_close = loop.call_later(_HARD_CLOSE_S, self._hard_abort)
         for transport in (self._client, self._upstream):
             if transport is not None and not transport.is_closing():
                 transport.close()
@@ -285,9 +295,23 @@ class Relay(EngineViews, asyncio.Protocol):
         for event in self.engine.client_gone(self._now()).events:
             self.gateway.emit(event)
         self.gateway.unregister(self)
+        self._release()
         self._closed.set_result(None)
         if self._on_closed is not None:
             self._on_closed(self)
+
+    def _release(self) -> None:
+        """Both sockets are closed: cancel the timers and break the relay's
+        reference cycles (pump and owner, engine and channels), so that
+        reference counting frees the connection as soon as nothing holds it,
+        without waiting for the cycle collector."""
+        for handle in (self._timer, self._hard_close):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._hard_close = None
+        self._client = self._upstream = None
+        self._pump.release()
+        self.engine.release()
 
     async def wait_closed(self) -> None:
         """Return once both sockets are closed and the relay is unregistered."""

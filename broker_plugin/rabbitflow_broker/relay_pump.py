@@ -46,12 +46,30 @@ class Owner(Protocol):
         """Call :meth:`Pump.tick` at monotonic time ``deadline`` (None: never)."""
 
 
+class _NoOwner:
+    """The owner of a released pump: nothing left to drive."""
+
+    def abort(self) -> None:
+        return None
+
+    def read_client(self, reading: bool) -> None:
+        return None
+
+    def set_timer(self, deadline: float | None) -> None:
+        return None
+
+
+_NO_OWNER: Owner = _NoOwner()
+
+
 class Pump:
     """Feeds one connection's reads to its engine and carries out the actions."""
 
     def __init__(self, engine: Engine, gateway: Gateway, owner: Owner) -> None:
         self.engine = engine
         self.gateway = gateway
+        # The owner (the relay) holds the pump too: release() breaks that
+        # cycle when the connection ends.
         self.owner = owner
         self.client: Transport | None = None
         self.upstream: Transport | None = None
@@ -61,6 +79,14 @@ class Pump:
         self.closing = False
         self._reading = True  # what the engine last asked for the client
         self._deadline: float | None = None  # the timer last asked for
+
+    def release(self) -> None:
+        """The connection ended: let go of the owner, the sockets and the loop,
+        so that reference counting frees the connection at once."""
+        self.closing = True
+        self.owner = _NO_OWNER
+        self.client = self.upstream = None
+        self.loop = None
 
     def client_data(self, data: bytes) -> None:
         """Bytes from the client."""

@@ -36,6 +36,7 @@ from rabbitflow_broker.depth_poller import DepthPoll, PassiveDeclarer
 from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.gc_policy import CollectorPolicy
 from rabbitflow_broker.persistence import (
     FileThresholdStore,
     PersistenceError,
@@ -142,6 +143,8 @@ class GatewayService:
         self._tls_context: ssl.SSLContext | None = None
         self._upstream_ssl = upstream_ssl_context(config) if config.upstream_tls else None
         self._outage = OutageLog()
+        #: The periodic full collection (the thresholds are the command's).
+        self.collector = CollectorPolicy()
         self._management_failures = 0
         #: Set once the first routing snapshot (and stored state) is in.
         self.ready = asyncio.Event()
@@ -170,6 +173,7 @@ class GatewayService:
         # meet the not-ready window.  A silent one cannot hold the listener
         # back beyond it.
         await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
+        self._tasks.append(asyncio.create_task(self.collector.run(), name="gc-full"))
         backlog = self.config.listen_backlog
         listening: dict[str, str] = {}
         address = self.config.listen_address

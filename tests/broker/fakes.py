@@ -132,8 +132,7 @@ class FakeTransport(FakeWriter):
         self._deliver()
 
     def _deliver(self) -> None:
-        assert self.protocol is not None
-        while self._inbox and not self.paused and not self.closed:
+        while self.protocol is not None and self._inbox and not self.paused and not self.closed:
             item = self._inbox.pop(0)
             if item is None:
                 if not self.protocol.eof_received():
@@ -152,7 +151,8 @@ class FakeTransport(FakeWriter):
     def _lose(self) -> None:
         if not self.lost and self.protocol is not None:
             self.lost = True
-            self.protocol.connection_lost(None)
+            protocol, self.protocol = self.protocol, None  # as asyncio's transports do
+            protocol.connection_lost(None)
 
 
 def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTransport]:

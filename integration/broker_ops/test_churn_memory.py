@@ -1,0 +1,113 @@
+"""Connection churn leaves the gateway's memory, descriptors and tasks flat.
+
+A gateway process (the ``rabbitflow-broker`` command, with its collector
+settings) relays thousands of short connections (the clients of
+``bench/connection_churn.py``, 8 at a time): each logs in, opens a channel
+with confirms and publishes one message.  Two in three wait for the
+confirm and close cleanly; one in three drops the socket with a reset
+right after the publish, before its confirm, half of them with a second
+channel open.  After a warm-up the gateway's resident memory may grow by at
+most :data:`RSS_GROWTH_ALLOWED`, and its descriptors and asyncio tasks
+(``GET /api/runtime``) return to what they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from bench.connection_churn import churn, rss_bytes
+from integration.broker.conftest import wait_for
+from integration.conftest import Broker
+from rabbitflow_broker.rabbitmq_node import free_port
+
+BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
+WARM_UP = 500
+CHURN = 5_000
+RSS_GROWTH_ALLOWED = 2 * 1024 * 1024
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _runtime(admin_port: int) -> dict[str, object]:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{admin_port}/api/runtime", timeout=10
+    ) as response:
+        answer: dict[str, object] = json.loads(response.read())
+    return answer
+
+
+@pytest.fixture
+def churn_queue(broker: Broker, unique_name: Callable[[str], str]) -> Iterator[str]:
+    name = unique_name("churn")
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        connection.channel().queue_declare(name)
+    yield name
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+        connection.channel().queue_delete(name)
+
+
+@pytest.mark.slow
+def test_churn_leaves_memory_fds_and_tasks_flat(
+    broker: Broker, churn_queue: str, tmp_path: Path
+) -> None:
+    port, admin_port = free_port(), free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RABBITFLOW_BROKER_")}
+    log = tmp_path / "gateway.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(
+            [
+                BROKER_CLI,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--admin-listen",
+                f"127.0.0.1:{admin_port}",
+                "--upstream",
+                broker.url,
+                "--management-url",
+                broker.management_url or "http://127.0.0.1:15672",
+            ],
+            stderr=stderr,
+            env=environ,
+        )
+    try:
+        wait_for(lambda: "gateway ready" in log.read_text(), timeout=30, what="gateway ready")
+        confirmed = asyncio.run(churn(port, churn_queue, 0, WARM_UP))
+        wait_for(lambda: _runtime(admin_port)["connections"] == 0, timeout=30, what="warm-up gone")
+        pid = process.pid
+        before = _runtime(admin_port)
+        rss_before, fds_before = rss_bytes(pid), _fds(pid)
+        confirmed += asyncio.run(churn(port, churn_queue, WARM_UP, CHURN))
+        wait_for(lambda: _runtime(admin_port)["connections"] == 0, timeout=30, what="churn gone")
+        # (<=: the baseline may count an admin request's socket not yet closed)
+        wait_for(
+            lambda: _fds(pid) <= fds_before, timeout=10, what=f"descriptors back to {fds_before}"
+        )
+        after = _runtime(admin_port)
+        growth = rss_bytes(pid) - rss_before
+        # Shown with -s: the figures behind the assertions.
+        print(f"RSS +{growth / 1024:.0f} KiB, fds {fds_before}->{_fds(pid)}")
+        print(f"runtime before {before}\nruntime after {after}")
+        assert after["tasks"] == before["tasks"], (before, after)
+        assert growth <= RSS_GROWTH_ALLOWED, (
+            f"RSS grew by {growth / 1024:.0f} KiB over {CHURN} connections"
+        )
+        # Every clean client's message was confirmed, and is in the queue.
+        assert confirmed == sum(1 for n in range(WARM_UP + CHURN) if n % 3)
+        with pika.BlockingConnection(pika.URLParameters(broker.url)) as connection:
+            depth = connection.channel().queue_declare(churn_queue, passive=True)
+        assert depth.method.message_count >= confirmed
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
