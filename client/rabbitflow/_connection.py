@@ -579,6 +579,8 @@ class Connection:
             self._blocked = None
             producers = list(self._producers)
             consumers = list(self._consumers.values())
+        with self._flow_lock:
+            self._flow_timer_at = None  # its timer went with the transport
         for producer in producers:
             producer._lost()
         for consumer in consumers:

@@ -178,3 +178,25 @@ def test_a_consumer_hands_out_nothing_its_lost_channel_buffered() -> None:
     assert consumer.receive_no_wait() is None  # 2 and 3 came on the lost channel
     with pytest.raises(rabbitflow.StaleMessageError, match="channel that was lost"):
         first.acknowledge()
+
+
+def test_a_consumer_flow_timer_lost_with_its_connection_is_armed_again() -> None:
+    # Two consumers sharing a connection limit of 4: once the first holds 4
+    # undelivered messages the second is parked and probed by a timer.
+    harness = make_harness({"imqConnectionFlowLimitEnabled": "true", "imqConnectionFlowLimit": "4"})
+    connection = harness.factory.create_connection()
+    connection.start()
+    session = connection.create_session()
+    session.create_consumer(session.create_queue("a"))
+    session.create_consumer(session.create_queue("b"))
+    first = harness.transport
+    for tag in range(1, 5):
+        first.channels[-2].emit_deliver(tag, b"x")
+    assert len(first.timers) == 1  # the probe of the parked consumer
+    first.emit_lost()  # the timer goes with the connection
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    second = harness.transport
+    for tag in range(1, 5):
+        second.channels[1].emit_deliver(tag, b"x")
+    assert len(second.timers) == 1
+    connection.close()
