@@ -1,7 +1,8 @@
 """``rabbitflow-analyze``: the Spark job entry point (all the pipeline's I/O is here).
 
     rabbitflow-analyze EVENT_LOG... --out DIR [--client-log PATH...]
-                       [--queue-limits FILE.json] [--master URL]
+                       [--queue-limits FILE.json] [--master URL | --remote URL]
+                       [--incremental | --follow [--trigger SECONDS]]
 
 Local mode (``local[2]``) unless ``--master`` is given or the job runs
 under ``spark-submit`` (which supplies the master); see docs/pipeline.md.
@@ -13,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,6 +28,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.incremental import DEFAULT_LATENESS_S, StepResult, run_step
 from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import (
     CORRUPT_COLUMN,
@@ -120,11 +123,22 @@ class AnalysisResult:
         return self.malformed > 0 and self.events == 0 and self.ignored == 0
 
 
-def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze") -> SparkSession:
+def build_session(
+    master: str | None = None, app_name: str = "rabbitflow-analyze", *, remote: str | None = None
+) -> SparkSession:
     """The Spark session: ``master`` if given, the spark-submit master, else ``local[2]``.
 
+    With ``remote`` (``sc://HOST:PORT``) a Spark Connect session instead:
+    the server's own settings apply, plus the session time zone.
     Session time zone is UTC so every timestamp is read and written in UTC.
     """
+    if remote is not None:
+        connect = SparkSession.builder.remote(remote).getOrCreate()
+        connect.conf.set("spark.sql.session.timeZone", "UTC")
+        for key, value in SPARK_CONF.items():
+            if key != "spark.sql.codegen.cache.maxEntries":
+                connect.conf.set(key, value)
+        return connect
     builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
@@ -606,6 +620,35 @@ def _parser() -> argparse.ArgumentParser:
         f"thresholds in a gateway /api/queues snapshot (default {DEFAULT_FLOW_STOP_THRESHOLD})",
     )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
+    parser.add_argument(
+        "--remote", metavar="sc://HOST:PORT", help="run through a Spark Connect server instead"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--incremental",
+        action="store_true",
+        help="read only what was added since the last run (checkpoint under --out), then exit",
+    )
+    mode.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running: an incremental step every --trigger seconds, until interrupted",
+    )
+    parser.add_argument(
+        "--trigger",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between the starts of two --follow steps (default 10)",
+    )
+    parser.add_argument(
+        "--lateness",
+        type=float,
+        default=DEFAULT_LATENESS_S,
+        metavar="SECONDS",
+        help="how late an event of one file may arrive after newer events of another "
+        f"(--incremental/--follow; default {DEFAULT_LATENESS_S:.0f})",
+    )
     return parser
 
 
@@ -627,8 +670,22 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         except (OSError, ValueError) as exc:
             print(f"rabbitflow-analyze: --queue-limits {args.queue_limits}: {exc}", file=sys.stderr)
             return 2
-    session = build_session(args.master) if spark is None else spark
+    if args.trigger <= 0 or args.lateness < 0:
+        print(
+            "rabbitflow-analyze: --trigger must be positive, --lateness not negative",
+            file=sys.stderr,
+        )
+        return 2
+    if args.master is not None and args.remote is not None:
+        print("rabbitflow-analyze: give --master or --remote, not both", file=sys.stderr)
+        return 2
+    session = build_session(args.master, remote=args.remote) if spark is None else spark
     try:
+        if args.follow:
+            return _follow(session, args, limits)
+        if args.incremental:
+            step = _step(session, args, limits, live=False)
+            return 1 if step.all_malformed else 0
         result = analyze(
             session, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
         )
@@ -641,14 +698,73 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     )
     if result.all_malformed:
         reason, count = result.malformed_reasons[0]
-        print(
-            f"rabbitflow-analyze: error: every one of the {result.malformed:,} event-log lines "
-            f"is malformed; commonest reason: {reason} ({count:,} lines). Expected the "
-            "gateway's JSON event records or Broker-J operational log lines "
-            "(see the malformed table and docs/pipeline.md)",
-            file=sys.stderr,
-        )
+        _all_malformed(result.malformed, reason, count)
         return 1
+    return 0
+
+
+def _all_malformed(malformed: int, reason: str, count: int) -> None:
+    print(
+        f"rabbitflow-analyze: error: every one of the {malformed:,} event-log lines "
+        f"is malformed; commonest reason: {reason} ({count:,} lines). Expected the "
+        "gateway's JSON event records or Broker-J operational log lines "
+        "(see the malformed table and docs/pipeline.md)",
+        file=sys.stderr,
+    )
+
+
+def _step(
+    session: SparkSession,
+    args: argparse.Namespace,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+    *,
+    live: bool,
+) -> StepResult:
+    result = run_step(
+        session,
+        args.event_logs,
+        args.out,
+        client_paths=args.client_log,
+        queue_limits=limits,
+        lateness_s=args.lateness,
+        live=live,
+    )
+    if result.changed:
+        print(
+            f"rabbitflow-analyze: step {result.batch}: {result.new_bytes:,} new bytes; "
+            f"{result.events:,} events, {result.malformed:,} malformed lines, "
+            f"{result.episodes:,} flow episodes ({result.open_episodes:,} open) "
+            f"in {result.seconds:.1f}s → {result.out}",
+            flush=True,
+        )
+    elif not live:
+        print(f"rabbitflow-analyze: no new input since step {result.batch}", flush=True)
+    if result.all_malformed and result.malformed_reasons:
+        reason, count = result.malformed_reasons[0]
+        _all_malformed(result.malformed, reason, count)
+    return result
+
+
+def _follow(
+    session: SparkSession,
+    args: argparse.Namespace,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+) -> int:
+    """Steps every ``--trigger`` seconds until SIGINT/SIGTERM (the step under way finishes)."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            _step(session, args, limits, live=True)
+            stop.wait(max(0.0, args.trigger - (time.monotonic() - started)))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -1,0 +1,154 @@
+"""``--incremental``: steps over a growing input end in the batch job's tables, exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.generate import generate
+from rabbitflow_pipeline.incremental import STATE_DIR, load_checkpoint, run_step
+
+pytestmark = pytest.mark.spark
+
+#: A Broker-J operational log (text lines), read by content beside the JSON logs.
+BROKER_J = [
+    "2026-11-18 11:07:00,000 INFO  [IO-/127.0.0.1:40029] (q.m.q.overfull) - MESSAGE "
+    "[vh(/bj)/qu(legacy)] [vh(/bj)/qu(legacy)] QUE-1003 : Overfull : Size : 1,200 bytes, "
+    "Capacity : 1,000",
+    "2026-11-18 11:07:05,000 INFO  [IO-/127.0.0.1:40029] (c.m.c.open) - MESSAGE "
+    "[con:7(guest@/127.0.0.1:50514/bj)] CON-1001 : Open",
+    "this line is not an event",
+    "2026-11-18 11:09:00,000 INFO  [IO-/127.0.0.1:40029] (q.m.q.underfull) - MESSAGE "
+    "[vh(/bj)/qu(legacy)] [vh(/bj)/qu(legacy)] QUE-1004 : Underfull : Size : 600 bytes, "
+    "Resume Capacity : 800",
+]
+
+
+class Crash(Exception):
+    """Stands for the process being killed at a stage of a step."""
+
+
+def crash_at(stage: str):  # type: ignore[no-untyped-def]
+    def hook(name: str) -> None:
+        if name == stage:
+            raise Crash(stage)
+
+    return hook
+
+
+def mid_episode_cut(lines: list[str]) -> int:
+    """A line index between some QUE-1003 and the QUE-1004 that closes it."""
+    for index, text in enumerate(lines[len(lines) // 3 :], start=len(lines) // 3):
+        record = json.loads(text)
+        if record["code"] == "QUE-1003":
+            return index + 1
+    raise AssertionError("no queue episode in the generated log")
+
+
+def tree(out: Path) -> dict[str, str]:
+    """Every file under ``out`` with a digest of its content."""
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[str]], list[str]]:
+    """Two gateway logs and the client logs, as lists of lines."""
+    src = tmp_path_factory.mktemp("gen")
+    gateways = generate(
+        src, events=4000, queues=10, days=0.2, gateways=2, processes=1, client_fraction=0.5
+    )
+    client_lines = [
+        text for path in sorted(src.glob("client-*.jsonl")) for text in path.read_text().splitlines()
+    ]
+    return [p.read_text().splitlines() for p in gateways], client_lines
+
+
+def append(path: Path, lines: list[str], *, partial: str = "") -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("".join(f"{text}\n" for text in lines) + partial)
+
+
+def assert_same_tables(spark: SparkSession, actual: Path, expected: Path) -> None:
+    for table in TABLES:
+        assertDataFrameEqual(
+            spark.read.parquet(str(actual / table)), spark.read.parquet(str(expected / table))
+        )
+
+
+def test_incremental_steps_end_in_the_batch_tables(
+    spark: SparkSession,
+    tmp_path: Path,
+    generated: tuple[list[list[str]], list[str]],
+) -> None:
+    (gw0, gw1), client = generated
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    events = [str(live / "*.jsonl"), str(live / "*.log")]
+    clients = [str(live / "client.json")]
+    cut = mid_episode_cut(gw0)
+    half = len(gw1) // 2
+
+    def step(**kwargs: object) -> None:
+        run_step(spark, events, out, client_paths=clients, **kwargs)  # type: ignore[arg-type]
+
+    # Step 0: the first part of one gateway's log, ending inside an episode,
+    # and a line cut in two (its end arrives with the next step).
+    head = gw0[:cut]
+    append(live / "gw0.jsonl", head[:-1], partial=head[-1][:17])
+    append(live / "client.json", client[: len(client) // 2])
+    step()
+    first = load_checkpoint(out)
+    assert first.batch == 0
+    # The open episode is stored as state, not yet a closed row.
+    open_rows = spark.read.parquet(str(out / "episodes")).where("open").count()
+    assert open_rows >= 1
+
+    # Step 1 (killed once after pairing, then run again): the rest of the cut
+    # line and more appended lines; a new file of the second gateway and a
+    # Broker-J log.
+    append(live / "gw0.jsonl", [head[-1][17:]] + gw0[cut : cut + 400])
+    append(live / "gw1.jsonl", gw1[:half])
+    append(live / "broker.log", BROKER_J[:2])
+    with pytest.raises(Crash):
+        step(hook=crash_at("paired"))
+    step()
+
+    # Step 2 (killed once after the tables were written, before the commit).
+    append(live / "gw0.jsonl", gw0[cut + 400 :])
+    append(live / "broker.log", BROKER_J[2:])
+    append(live / "client.json", client[len(client) // 2 :])
+    with pytest.raises(Crash):
+        step(hook=crash_at("report"))
+    step()
+
+    # Step 3: the rest of the second gateway's log.
+    append(live / "gw1.jsonl", gw1[half:])
+    step()
+    assert load_checkpoint(out).batch == 3
+
+    # A run with nothing new changes nothing.
+    before = tree(out)
+    step()
+    assert tree(out) == before
+    assert load_checkpoint(out).batch == 3
+
+    batch = tmp_path / "batch"
+    analyze(spark, events, batch, client_paths=clients)
+    assert_same_tables(spark, out, batch)
+    # Every input line was counted exactly once.
+    totals = load_checkpoint(out)
+    assert totals.lines == len(gw0) + len(gw1) + len(BROKER_J)
+    assert totals.malformed == 1
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert not list((out / STATE_DIR / "staging").iterdir())
