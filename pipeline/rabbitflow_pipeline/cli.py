@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
-from rabbitflow_pipeline.incremental import DEFAULT_LATENESS_S, StepResult, run_step
+from rabbitflow_pipeline.incremental import DEFAULT_LATENESS_S, StepResult, follow, run_step
 from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import (
     CORRUPT_COLUMN,
@@ -369,6 +369,9 @@ class _Kept:
         with self._lock:
             frames, self._frames = self._frames, []
         for kept in frames:
+            if not hasattr(kept, "_jdf"):
+                # Spark Connect: the server drops a session's checkpoints with the session.
+                continue
             # A local checkpoint's plan is the checkpointed RDD itself (LogicalRDD).
             plan = kept._jdf.queryExecution().analyzed()
             if plan.getClass().getSimpleName() == "LogicalRDD":
@@ -729,6 +732,13 @@ def _step(
         lateness_s=args.lateness,
         live=live,
     )
+    _print_step(result)
+    if not result.changed:
+        print(f"rabbitflow-analyze: no new input since step {result.batch}", flush=True)
+    return result
+
+
+def _print_step(result: StepResult) -> None:
     if result.changed:
         print(
             f"rabbitflow-analyze: step {result.batch}: {result.new_bytes:,} new bytes; "
@@ -737,12 +747,9 @@ def _step(
             f"in {result.seconds:.1f}s → {result.out}",
             flush=True,
         )
-    elif not live:
-        print(f"rabbitflow-analyze: no new input since step {result.batch}", flush=True)
     if result.all_malformed and result.malformed_reasons:
         reason, count = result.malformed_reasons[0]
         _all_malformed(result.malformed, reason, count)
-    return result
 
 
 def _follow(
@@ -756,12 +763,22 @@ def _follow(
     def request_stop(signum: int, frame: object) -> None:
         stop.set()
 
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, request_stop)
     try:
-        while not stop.is_set():
-            started = time.monotonic()
-            _step(session, args, limits, live=True)
-            stop.wait(max(0.0, args.trigger - (time.monotonic() - started)))
+        follow(
+            session,
+            args.event_logs,
+            args.out,
+            trigger_s=args.trigger,
+            stop=stop,
+            on_step=_print_step,
+            client_paths=args.client_log,
+            queue_limits=limits,
+            lateness_s=args.lateness,
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -46,6 +46,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -74,6 +75,7 @@ __all__ = [
     "STATE_DIR",
     "Checkpoint",
     "StepResult",
+    "follow",
     "load_checkpoint",
     "run_step",
     "write_text_atomically",
@@ -530,12 +532,15 @@ def run_step(
         [*new_events.schema.fields, T.StructField("_pending", T.BooleanType())]
     )
     state = spark.read.schema(state_schema).parquet(str(root / state_part))
-    provisional = tf.finish_intervals(tf.pair_candidates(state.drop("_pending")))
-    for table, (_, select) in _INTERVAL_TABLES.items():
-        tables[table] = (
-            *tables[table],
-            *_add_files(select(provisional), out, table, f"p{batch:08d}"),
-        )
+    provisional = tf.finish_intervals(tf.pair_candidates(state.drop("_pending"))).persist()
+    try:
+        for table, (_, select) in _INTERVAL_TABLES.items():
+            tables[table] = (
+                *tables[table],
+                *_add_files(select(provisional), out, table, f"p{batch:08d}"),
+            )
+    finally:
+        provisional.unpersist()
     stage("paired")
 
     malformed_parts = [*cp.malformed_parts, malformed_part]
@@ -657,6 +662,35 @@ def run_step(
     )
 
 
+def follow(
+    spark: SparkSession,
+    event_paths: Sequence[str],
+    out: Path,
+    *,
+    trigger_s: float,
+    stop: threading.Event,
+    on_step: Callable[[StepResult], None] | None = None,
+    **options: Any,
+) -> None:
+    """Run :func:`run_step` (live) every ``trigger_s`` seconds until ``stop`` is set.
+
+    A step starts ``trigger_s`` after the previous one started, or at once
+    when that one took longer; the step under way when ``stop`` is set
+    finishes (and commits) first.  ``on_step`` sees every step's result.
+
+    Raises:
+        ValueError: ``trigger_s`` is not positive.
+    """
+    if not trigger_s > 0:
+        raise ValueError(f"trigger must be positive, got {trigger_s}")
+    while not stop.is_set():
+        started = time.monotonic()
+        result = run_step(spark, event_paths, out, live=True, **options)
+        if on_step is not None:
+            on_step(result)
+        stop.wait(max(0.0, trigger_s - (time.monotonic() - started)))
+
+
 def _unchanged(out: Path, cp: Checkpoint, started: float) -> StepResult:
     events = cp.lines - cp.malformed - cp.ignored
     return StepResult(
@@ -722,32 +756,33 @@ def _report(
     blocks = frames["channel_blocks"]
     stores = frames["store_episodes"]
     window_frame = _window_frame(spark, *window)
-    by_overfull = summary.orderBy(F.desc("time_overfull_s"), "vhost", "queue")
-    top = by_overfull.limit(_TIMELINE_QUEUES)
-    delays = parsed_client.select(tf.delay_seconds().alias("delay_s"))
-    queries = {
-        "summary": by_overfull.limit(50),
-        "timeline": tf.episode_timeline(episodes, window_frame, top, _TIMELINE_BUCKETS),
-        "timeline_queues": top.select("vhost", "queue"),
-        "advice": tables["advice"]
-        .orderBy(F.coalesce(F.col("stop_ok"), F.lit(True)), F.desc("episodes"))
-        .limit(100),
-        "malformed": tables["malformed"].orderBy(F.desc("count")).limit(200),
-        "store_episodes": stores.orderBy("start").limit(50),
-        "send_delays": tables["send_delays"]
-        .orderBy(F.desc_nulls_last("longest_delay_ms"))
-        .limit(20),
-        "queues_with_episodes": summary.where(F.col("flow_stopped_count") > 0).select(
-            F.count(F.lit(1)).alias("n")
-        ),
-        "counts": blocks.agg(F.count(F.lit(1)).alias("blocks")).crossJoin(
-            stores.agg(F.count(F.lit(1)).alias("stores"))
-        ),
-        "block_histogram": tf.duration_histogram(blocks, "duration_s").orderBy("bucket"),
-        "delay_histogram": tf.duration_histogram(delays, "delay_s").orderBy("bucket"),
-    }
+    # The per-queue tables are small: collected whole, ordered here.
+    summary_rows = sorted(
+        _rows(summary), key=lambda r: (-(r["time_overfull_s"] or 0.0), r["vhost"], r["queue"])
+    )
+    top = summary_rows[:_TIMELINE_QUEUES]
+    top_frame = spark.createDataFrame(
+        [(r["vhost"], r["queue"]) for r in top], "vhost string, queue string"
+    )
+    advice_rows = sorted(
+        _rows(tables["advice"]),
+        key=lambda r: (r["stop_ok"] is not False, -(r["episodes"] or 0)),
+    )
+    malformed_rows = sorted(_rows(tables["malformed"]), key=lambda r: -int(r["count"]))
+    delay_rows = sorted(
+        _rows(tables["send_delays"]),
+        key=lambda r: (r["longest_delay_ms"] is None, -(r["longest_delay_ms"] or 0)),
+    )
+    block_stats = blocks.agg(
+        F.count(F.lit(1)).alias("n"), *tf.histogram_metrics(F.col("duration_s"), "block")
+    ).first()
+    delay_stats = parsed_client.agg(*tf.histogram_metrics(tf.delay_seconds(), "delay")).first()
+    store_rows = _rows(stores.orderBy("start").limit(50))
+    store_count = stores.count()
+    timeline = _rows(tf.episode_timeline(episodes, window_frame, top_frame, _TIMELINE_BUCKETS))
+    open_now = None
     if live:
-        queries["open_now"] = (
+        open_now = _rows(
             episodes.where(F.col("open"))
             .select(
                 F.lit("queue").alias("kind"),
@@ -780,16 +815,16 @@ def _report(
             .orderBy("start")
             .limit(200)
         )
-    rows = {name: _rows(df) for name, df in queries.items()}
-    counts = rows["counts"][0]
+    assert block_stats is not None
+    assert delay_stats is not None
     shown = {
         "events": totals["events"],
         "malformed lines": totals["malformed lines"],
-        "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
+        "queues with episodes": sum(1 for r in summary_rows if r["flow_stopped_count"] > 0),
         "flow episodes": totals["flow episodes"],
         "open episodes": totals["open episodes"],
-        "channel blocks": int(counts["blocks"]),
-        "store episodes": int(counts["stores"]),
+        "channel blocks": int(block_stats["n"]),
+        "store episodes": store_count,
     }
     if ignored:
         shown["other Broker-J lines (not analysed)"] = ignored
@@ -798,16 +833,16 @@ def _report(
         window_start=_utc(window[0]),
         window_end=_utc(window[1]),
         totals=shown,
-        summary=rows["summary"],
-        timeline=rows["timeline"],
+        summary=summary_rows[:50],
+        timeline=timeline,
         timeline_buckets=_TIMELINE_BUCKETS,
-        timeline_queues=rows["timeline_queues"],
-        block_histogram=rows["block_histogram"],
-        delay_histogram=rows["delay_histogram"],
-        advice=rows["advice"],
-        malformed=rows["malformed"],
-        store_episodes=rows["store_episodes"],
-        send_delays=rows["send_delays"],
-        open_now=rows.get("open_now"),
+        timeline_queues=[{"vhost": r["vhost"], "queue": r["queue"]} for r in top],
+        block_histogram=tf.histogram_rows(block_stats.asDict(), "block"),
+        delay_histogram=tf.histogram_rows(delay_stats.asDict(), "delay"),
+        advice=advice_rows[:100],
+        malformed=malformed_rows[:200],
+        store_episodes=store_rows,
+        send_delays=delay_rows[:20],
+        open_now=open_now,
     )
     write_text_atomically(out / "report.html", render_report(data))
