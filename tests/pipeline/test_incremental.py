@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from rabbitflow_broker.events import Event
 from rabbitflow_pipeline.cli import TABLES, analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import (
@@ -23,9 +24,9 @@ from rabbitflow_pipeline.incremental import (
     run_step,
 )
 
-from .logs import line, over, under
+from .logs import at, line, over, under
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 #: A Broker-J operational log (text lines), read by content beside the JSON logs.
 BROKER_J = [
@@ -54,11 +55,11 @@ def crash_at(stage: str):  # type: ignore[no-untyped-def]
 
 
 def mid_episode_cut(lines: list[str]) -> int:
-    """A line index between some QUE-1003 and the QUE-1004 that closes it."""
-    for index, text in enumerate(lines[len(lines) // 3 :], start=len(lines) // 3):
-        record = json.loads(text)
-        if record["code"] == "QUE-1003":
-            return index + 1
+    """A line index two past a QUE-1003 whose episode is still open at the next line."""
+    records = [json.loads(text) for text in lines]
+    for index in range(len(lines) // 3, len(lines) - 2):
+        if records[index]["code"] == "QUE-1003" and records[index + 1]["code"] != "QUE-1004":
+            return index + 2
     raise AssertionError("no queue episode in the generated log")
 
 
@@ -115,8 +116,9 @@ def test_incremental_steps_end_in_the_batch_tables(
     def step(**kwargs: object) -> None:
         run_step(spark, events, out, client_paths=clients, **kwargs)  # type: ignore[arg-type]
 
-    # Step 0: the first part of one gateway's log, ending inside an episode,
-    # and a line cut in two (its end arrives with the next step).
+    # Step 0: the first part of one gateway's log, ending inside an episode
+    # (its QUE-1003 is read, its QUE-1004 is not), and a line cut in two
+    # (its end arrives with the next step).
     head = gw0[:cut]
     append(live / "gw0.jsonl", head[:-1], partial=head[-1][:17])
     append(live / "client.json", client[: len(client) // 2])
@@ -127,34 +129,29 @@ def test_incremental_steps_end_in_the_batch_tables(
     open_rows = spark.read.parquet(str(out / "episodes")).where("open").count()
     assert open_rows >= 1
 
-    # Step 1 (killed once after pairing, then run again): the rest of the cut
-    # line and more appended lines; a new file of the second gateway and a
-    # Broker-J log.
+    # Step 1: the rest of the cut line and more appended lines; a new file of
+    # the second gateway and a Broker-J log.
     append(live / "gw0.jsonl", [head[-1][17:], *gw0[cut : cut + 400]])
     append(live / "gw1.jsonl", gw1[:half])
     append(live / "broker.log", BROKER_J[:2])
-    with pytest.raises(Crash):
-        step(hook=crash_at("paired"))
     step()
 
-    # Step 2 (killed once after the tables were written, before the commit).
+    # Step 2, killed once after every table was written but before the
+    # commit, then run again: the rest of everything.
     append(live / "gw0.jsonl", gw0[cut + 400 :])
+    append(live / "gw1.jsonl", gw1[half:])
     append(live / "broker.log", BROKER_J[2:])
     append(live / "client.json", client[len(client) // 2 :])
     with pytest.raises(Crash):
-        step(hook=crash_at("report"))
+        step(hook=crash_at("tables"))
     step()
-
-    # Step 3: the rest of the second gateway's log.
-    append(live / "gw1.jsonl", gw1[half:])
-    step()
-    assert load_checkpoint(out).batch == 3
+    assert load_checkpoint(out).batch == 2
 
     # A run with nothing new changes nothing.
     before = tree(out)
     step()
     assert tree(out) == before
-    assert load_checkpoint(out).batch == 3
+    assert load_checkpoint(out).batch == 2
 
     batch = tmp_path / "batch"
     analyze(spark, events, batch, client_paths=clients)
@@ -210,3 +207,45 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 240.0) -
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def member_line(event: Event, gateway: str) -> str:
+    """A record as a member of a gateway cluster logs it (with its ``gateway`` field)."""
+    return json.dumps({**event.to_record(), "gateway": gateway})
+
+
+def test_two_members_logging_one_transition_make_one_episode(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Both members of a gateway cluster log each transition of the shared
+    # queue; the second member's file is read one step later than the first's.
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    inputs = [str(live / "*.jsonl")]
+
+    def transitions(member: str, lag: float) -> list[str]:
+        return [
+            member_line(over(0 + lag, "orders"), member),
+            member_line(under(20 + lag, "orders"), member),
+            member_line(over(40 + lag, "orders"), member),
+        ]
+
+    append(live / "gw-a.jsonl", transitions("a", 0))
+    run_step(spark, inputs, out)
+    append(live / "gw-b.jsonl", transitions("b", 0.5))
+    run_step(spark, inputs, out)
+    # Later transitions of both settle the first ones into the stored state.
+    append(live / "gw-a.jsonl", [member_line(under(200, "orders"), "a")])
+    append(live / "gw-b.jsonl", [member_line(under(200.5, "orders"), "b")])
+    run_step(spark, inputs, out)
+
+    episodes = spark.read.parquet(str(out / "episodes")).orderBy("start").collect()
+    utc = [
+        (at(t0).replace(tzinfo=None), at(t1).replace(tzinfo=None))
+        for t0, t1 in ((0, 20), (40, 200))
+    ]
+    assert [(r["start"], r["end"]) for r in episodes] == utc
+    batch = tmp_path / "batch"
+    analyze(spark, inputs, batch)
+    assert_same_tables(spark, out, batch)
