@@ -28,7 +28,13 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
-from rabbitflow_pipeline.incremental import DEFAULT_LATENESS_S, StepResult, follow, run_step
+from rabbitflow_pipeline.incremental import (
+    DEFAULT_LATENESS_S,
+    StepResult,
+    follow,
+    run_step,
+    write_text_atomically,
+)
 from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import (
     CORRUPT_COLUMN,
@@ -584,7 +590,7 @@ def analyze(
         store_episodes=rows["store_episodes"],
         send_delays=rows["send_delays"],
     )
-    (out / "report.html").write_text(render_report(data), encoding="utf-8")
+    write_text_atomically(out / "report.html", render_report(data))
     phase("report")
     return AnalysisResult(
         out=out,
