@@ -586,7 +586,7 @@ def run_step(
         stats.unpersist()
 
     read_back = {
-        t: spark.read.parquet(*(str(out / t / f) for f in tables[t])) for t in _REWRITTEN_TABLES
+        t: _read_table(spark, out, t, tables[t], df.schema) for t, df in rewritten.items()
     }
     totals_row = (
         frames["episodes"]
