@@ -311,6 +311,26 @@ def parse_queue_limits(
     return rows
 
 
+def _is_connect(spark: SparkSession) -> bool:
+    """A Spark Connect session (``--remote``) rather than one with a JVM in this process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _observed(
+    observation: Observation, key: str, df: DataFrame, metrics: Sequence[Any]
+) -> dict[str, Any]:
+    """The metrics ``observation`` saw, or, when they never arrived, ``df`` aggregated by them.
+
+    Spark Connect does not report the metrics observed under a local
+    checkpoint or a write; the aggregation then reads the (kept) rows again.
+    """
+    values = dict(observation.get)
+    if key in values:
+        return values
+    row = df.agg(*metrics).first()
+    return {} if row is None else row.asDict()
+
+
 def _rows(df: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in df.collect()]
 
@@ -437,15 +457,17 @@ def analyze(
             client_lines = read_lines(spark, client_paths)
             # The observed window spans the good events only.
             good_us = F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))
-            parsed = classified.observe(
-                stats,
+            event_metrics = [
                 F.count(F.lit(1)).alias("lines"),
                 F.count(F.when(tf.is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
                 F.count(F.when(F.col("malformed_reason") == tf.IGNORED, 1)).alias("ignored"),
                 F.min(good_us).alias("window_start_us"),
                 F.max(good_us).alias("window_end_us"),
-            )
-            collisions = Observation("keys")
+            ]
+            parsed = classified.observe(stats, *event_metrics)
+            # Spark Connect does not report what a local checkpoint observed:
+            # there the pairing keeps the key columns in its partition spec.
+            collisions = None if _is_connect(spark) else Observation("keys")
             paired = pool.submit(
                 kept.keep, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
             )
@@ -455,15 +477,14 @@ def analyze(
             # log never arrive: adaptive execution replaces the plan over the
             # empty shuffle, observation and all.)
             delay_stats = Observation("send_delays")
+            delay_metrics = tf.histogram_metrics(tf.delay_seconds(), "delay")
             client_parsed = pool.submit(
                 kept.keep,
-                tf.parse_client_lines(client_lines).observe(
-                    delay_stats, *tf.histogram_metrics(tf.delay_seconds(), "delay")
-                ),
+                tf.parse_client_lines(client_lines).observe(delay_stats, *delay_metrics),
             )
             candidates = paired.result()
-            counts = stats.get
-            if collisions.get[tf.KEY_COLLISIONS_METRIC]:
+            counts = _observed(stats, "lines", classified, event_metrics)
+            if collisions is not None and collisions.get[tf.KEY_COLLISIONS_METRIC]:
                 # Two keys share a hash (astronomically rare with 64 bits): pair
                 # again with the key columns in the partition spec.
                 candidates = kept.keep(tf.pair_candidates(classified, key_hash=key_hash))
@@ -480,32 +501,24 @@ def analyze(
             episode_stats = Observation("episodes")
             block_stats = Observation("channel_blocks")
             store_stats = Observation("store_episodes")
+            episode_metrics = [
+                F.count(F.lit(1)).alias("n"),
+                F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+            ]
+            block_metrics = [
+                F.count(F.lit(1)).alias("n"),
+                *tf.histogram_metrics(F.col("duration_s"), "block"),
+            ]
+            store_metrics = [F.count(F.lit(1)).alias("n")]
             writes = [
                 pool.submit(
-                    _write,
-                    episodes.observe(
-                        episode_stats,
-                        F.count(F.lit(1)).alias("n"),
-                        F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
-                    ),
-                    out,
-                    "episodes",
+                    _write, episodes.observe(episode_stats, *episode_metrics), out, "episodes"
                 ),
                 pool.submit(
-                    _write,
-                    blocks.observe(
-                        block_stats,
-                        F.count(F.lit(1)).alias("n"),
-                        *tf.histogram_metrics(F.col("duration_s"), "block"),
-                    ),
-                    out,
-                    "channel_blocks",
+                    _write, blocks.observe(block_stats, *block_metrics), out, "channel_blocks"
                 ),
                 pool.submit(
-                    _write,
-                    stores.observe(store_stats, F.count(F.lit(1)).alias("n")),
-                    out,
-                    "store_episodes",
+                    _write, stores.observe(store_stats, *store_metrics), out, "store_episodes"
                 ),
             ]
             # One aggregation of the episodes serves the summary and the advice.
@@ -557,19 +570,22 @@ def analyze(
                 ),
             }
             rows = dict(zip(queries, pool.map(_rows, queries.values()), strict=True))
+            episode_counts = _observed(episode_stats, "n", episodes, episode_metrics)
+            block_counts = _observed(block_stats, "n", blocks, block_metrics)
+            store_counts = _observed(store_stats, "n", stores, store_metrics)
+            delay_counts = _observed(delay_stats, "delay_0", parsed_client, delay_metrics)
     finally:
         # Everything the report needs is collected: drop the kept rows now
         # rather than when the JVM gets round to it.
         kept.release()
-    episode_counts = episode_stats.get
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]) - int(counts["ignored"]),
         "malformed lines": int(counts["malformed"]),
         "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
         "flow episodes": int(episode_counts["n"]),
         "open episodes": int(episode_counts["open"]),
-        "channel blocks": int(block_stats.get["n"]),
-        "store episodes": int(store_stats.get["n"]),
+        "channel blocks": int(block_counts["n"]),
+        "store episodes": int(store_counts["n"]),
     }
     ignored = int(counts["ignored"])
     if ignored:
@@ -583,8 +599,8 @@ def analyze(
         timeline=rows["timeline"],
         timeline_buckets=TIMELINE_BUCKETS,
         timeline_queues=rows["timeline_queues"],
-        block_histogram=tf.histogram_rows(block_stats.get, "block"),
-        delay_histogram=tf.histogram_rows(delay_stats.get, "delay"),
+        block_histogram=tf.histogram_rows(block_counts, "block"),
+        delay_histogram=tf.histogram_rows(delay_counts, "delay"),
         advice=rows["advice"],
         malformed=rows["malformed"],
         store_episodes=rows["store_episodes"],

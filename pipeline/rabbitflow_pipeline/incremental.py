@@ -585,9 +585,7 @@ def run_step(
     finally:
         stats.unpersist()
 
-    read_back = {
-        t: _read_table(spark, out, t, tables[t], df.schema) for t, df in rewritten.items()
-    }
+    read_back = {t: _read_table(spark, out, t, tables[t], df.schema) for t, df in rewritten.items()}
     totals_row = (
         frames["episodes"]
         .agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col("open"), 1)).alias("open"))
