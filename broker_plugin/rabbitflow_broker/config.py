@@ -68,6 +68,12 @@ class GatewayConfig:
     #: Milliseconds a client may take from connecting to Connection.Open-Ok.
     handshake_timeout: int = 10_000
     event_log: str | None = None
+    #: Rotate the event log before it passes this many bytes (0: never).
+    event_log_max_bytes: int = 0
+    #: Rotated event logs kept (PATH.1 .. PATH.N).
+    event_log_keep: int = 5
+    #: Rotate the event log after this many seconds (0: never).
+    event_log_max_age: int = 0
     log_format: Literal["console", "json"] = "console"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
@@ -115,12 +121,17 @@ class GatewayConfig:
             "store_poll_interval",
             "listen_backlog",
             "drain_timeout",
+            "event_log_max_bytes",
+            "event_log_keep",
+            "event_log_max_age",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(
                     f"--{name.replace('_', '-')}: must be a non-negative integer, got {value!r}"
                 )
+        if self.event_log_keep < 1:
+            raise ConfigError("--event-log-keep: must be at least 1")
         for name in ("default_flow_stop_threshold", "default_flow_resume_threshold"):
             if getattr(self, name) > 100:
                 raise ConfigError(f"--{name.replace('_', '-')}: a percentage cannot exceed 100")
@@ -355,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
         "handshake_timeout": "ms a client may take to log in and open its connection "
         "(10000; 0 = no limit)",
         "event_log": "append events as JSON lines to this file",
+        "event_log_max_bytes": "rotate the event log to PATH.1 before it passes this many "
+        "bytes (0 = never)",
+        "event_log_keep": "rotated event logs to keep, PATH.1 to PATH.N (5)",
+        "event_log_max_age": "rotate the event log after this many seconds (0 = never)",
         "log_format": "console or json (default console)",
         "log_level": "lowest level logged: debug, info, warning or error (default info)",
         "event_loop": "auto, asyncio or uvloop (default auto: uvloop when installed)",

@@ -121,7 +121,16 @@ class GatewayService:
 
     def __init__(self, config: GatewayConfig, *, sink: EventSink | None = None) -> None:
         self.config = config
-        self.sink = sink if sink is not None else EventSink(config.event_log)
+        self.sink = (
+            sink
+            if sink is not None
+            else EventSink(
+                config.event_log,
+                max_bytes=config.event_log_max_bytes,
+                keep=config.event_log_keep,
+                max_age_s=config.event_log_max_age,
+            )
+        )
         self._owns_sink = sink is None
         self.gateway = Gateway(config, sink=self.sink)
         user, password = config.management_credentials

@@ -16,6 +16,8 @@ import errno
 import json
 import os
 import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -67,20 +69,69 @@ def upstream_ssl_context(config: GatewayConfig) -> ssl.SSLContext:
 
 
 class EventSink:
-    """Console line + JSON event log for every event; callable."""
+    """Console line + JSON event log for every event; callable.
 
-    def __init__(self, event_log: str | None) -> None:
+    The event log rotates like a log file: before a record would take it
+    past ``max_bytes`` (0: no limit), or once it has been open for
+    ``max_age_s`` seconds (0: no limit; ``clock`` is the time source),
+    ``PATH`` is renamed ``PATH.1`` (``PATH.1`` to ``PATH.2``, and so on;
+    the oldest past ``keep`` is deleted) and a new ``PATH`` is started.
+    A record is never split across two files.  Renaming keeps each file's
+    identity, so ``rabbitflow-analyze --follow`` reading ``PATH*`` reads
+    every record once.
+    """
+
+    def __init__(
+        self,
+        event_log: str | None,
+        *,
+        max_bytes: int = 0,
+        keep: int = 5,
+        max_age_s: float = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_bytes < 0 or keep < 1 or max_age_s < 0:
+            raise ValueError("event log rotation: max_bytes and max_age_s >= 0, keep >= 1")
         self._path = event_log
         self._file: IO[str] | None = None
+        self._max_bytes = max_bytes
+        self._keep = keep
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._opened_at = 0.0
+        self._size = 0
 
     def __call__(self, event: Event) -> None:
         record = event.to_record()
         _events_log.info(event.line(), code=event.code)
         if self._path is not None:
+            text = json.dumps(record, default=str) + "\n"
+            size = len(text.encode("utf-8"))
+            if self._file is not None and self._due(size):
+                self._rotate()
             if self._file is None:
                 self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115
-            self._file.write(json.dumps(record, default=str) + "\n")
+                self._size = self._file.tell()
+                self._opened_at = self._clock()
+            self._file.write(text)
             self._file.flush()
+            self._size += size
+
+    def _due(self, size: int) -> bool:
+        by_size = self._max_bytes > 0 and self._size > 0 and self._size + size > self._max_bytes
+        by_age = self._max_age_s > 0 and self._clock() - self._opened_at >= self._max_age_s
+        return by_size or by_age
+
+    def _rotate(self) -> None:
+        assert self._path is not None
+        self.close()
+        path = self._path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}.{self._keep}")
+        for index in range(self._keep - 1, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(f"{path}.{index}", f"{path}.{index + 1}")
+        os.rename(path, f"{path}.1")
 
     def close(self) -> None:
         """Close the event log."""

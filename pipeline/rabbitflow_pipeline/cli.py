@@ -1,7 +1,8 @@
 """``rabbitflow-analyze``: the Spark job entry point (all the pipeline's I/O is here).
 
     rabbitflow-analyze EVENT_LOG... --out DIR [--client-log PATH...]
-                       [--queue-limits FILE.json] [--master URL]
+                       [--queue-limits FILE.json] [--master URL | --remote URL]
+                       [--incremental | --follow [--trigger SECONDS]]
 
 Local mode (``local[2]``) unless ``--master`` is given or the job runs
 under ``spark-submit`` (which supplies the master); see docs/pipeline.md.
@@ -14,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -27,6 +29,13 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.incremental import (
+    DEFAULT_LATENESS_S,
+    StepResult,
+    follow,
+    run_step,
+    write_text_atomically,
+)
 from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import (
     CORRUPT_COLUMN,
@@ -121,11 +130,22 @@ class AnalysisResult:
         return self.malformed > 0 and self.events == 0 and self.ignored == 0
 
 
-def build_session(master: str | None = None, app_name: str = "rabbitflow-analyze") -> SparkSession:
+def build_session(
+    master: str | None = None, app_name: str = "rabbitflow-analyze", *, remote: str | None = None
+) -> SparkSession:
     """The Spark session: ``master`` if given, the spark-submit master, else ``local[2]``.
 
+    With ``remote`` (``sc://HOST:PORT``) a Spark Connect session instead:
+    the server's own settings apply, plus the session time zone.
     Session time zone is UTC so every timestamp is read and written in UTC.
     """
+    if remote is not None:
+        connect = SparkSession.builder.remote(remote).getOrCreate()
+        connect.conf.set("spark.sql.session.timeZone", "UTC")
+        for key, value in SPARK_CONF.items():
+            if key != "spark.sql.codegen.cache.maxEntries":
+                connect.conf.set(key, value)
+        return connect
     builder = SparkSession.builder.appName(app_name).config("spark.sql.session.timeZone", "UTC")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
@@ -292,6 +312,26 @@ def parse_queue_limits(
     return rows
 
 
+def _is_connect(spark: SparkSession) -> bool:
+    """A Spark Connect session (``--remote``) rather than one with a JVM in this process."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _observed(
+    observation: Observation, key: str, df: DataFrame, metrics: Sequence[Any]
+) -> dict[str, Any]:
+    """The metrics ``observation`` saw, or, when they never arrived, ``df`` aggregated by them.
+
+    Spark Connect does not report the metrics observed under a local
+    checkpoint or a write; the aggregation then reads the (kept) rows again.
+    """
+    values = dict(observation.get)
+    if key in values:
+        return values
+    row = df.agg(*metrics).first()
+    return {} if row is None else row.asDict()
+
+
 def _rows(df: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in df.collect()]
 
@@ -356,6 +396,9 @@ class _Kept:
         with self._lock:
             frames, self._frames = self._frames, []
         for kept in frames:
+            if not hasattr(kept, "_jdf"):
+                # Spark Connect: the server drops a session's checkpoints with the session.
+                continue
             # A local checkpoint's plan is the checkpointed RDD itself (LogicalRDD).
             plan = kept._jdf.queryExecution().analyzed()
             if plan.getClass().getSimpleName() == "LogicalRDD":
@@ -415,15 +458,17 @@ def analyze(
             client_lines = read_lines(spark, client_paths)
             # The observed window spans the good events only.
             good_us = F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))
-            parsed = classified.observe(
-                stats,
+            event_metrics = [
                 F.count(F.lit(1)).alias("lines"),
                 F.count(F.when(tf.is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
                 F.count(F.when(F.col("malformed_reason") == tf.IGNORED, 1)).alias("ignored"),
                 F.min(good_us).alias("window_start_us"),
                 F.max(good_us).alias("window_end_us"),
-            )
-            collisions = Observation("keys")
+            ]
+            parsed = classified.observe(stats, *event_metrics)
+            # Spark Connect does not report what a local checkpoint observed:
+            # there the pairing keeps the key columns in its partition spec.
+            collisions = None if _is_connect(spark) else Observation("keys")
             paired = pool.submit(
                 kept.keep, tf.pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
             )
@@ -433,15 +478,14 @@ def analyze(
             # log never arrive: adaptive execution replaces the plan over the
             # empty shuffle, observation and all.)
             delay_stats = Observation("send_delays")
+            delay_metrics = tf.histogram_metrics(tf.delay_seconds(), "delay")
             client_parsed = pool.submit(
                 kept.keep,
-                tf.parse_client_lines(client_lines).observe(
-                    delay_stats, *tf.histogram_metrics(tf.delay_seconds(), "delay")
-                ),
+                tf.parse_client_lines(client_lines).observe(delay_stats, *delay_metrics),
             )
             candidates = paired.result()
-            counts = stats.get
-            if collisions.get[tf.KEY_COLLISIONS_METRIC]:
+            counts = _observed(stats, "lines", classified, event_metrics)
+            if collisions is not None and collisions.get[tf.KEY_COLLISIONS_METRIC]:
                 # Two keys share a hash (astronomically rare with 64 bits): pair
                 # again with the key columns in the partition spec.
                 candidates = kept.keep(tf.pair_candidates(classified, key_hash=key_hash))
@@ -458,32 +502,24 @@ def analyze(
             episode_stats = Observation("episodes")
             block_stats = Observation("channel_blocks")
             store_stats = Observation("store_episodes")
+            episode_metrics = [
+                F.count(F.lit(1)).alias("n"),
+                F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
+            ]
+            block_metrics = [
+                F.count(F.lit(1)).alias("n"),
+                *tf.histogram_metrics(F.col("duration_s"), "block"),
+            ]
+            store_metrics = [F.count(F.lit(1)).alias("n")]
             writes = [
                 pool.submit(
-                    _write,
-                    episodes.observe(
-                        episode_stats,
-                        F.count(F.lit(1)).alias("n"),
-                        F.count(F.when(F.col("open"), F.lit(1))).alias("open"),
-                    ),
-                    out,
-                    "episodes",
+                    _write, episodes.observe(episode_stats, *episode_metrics), out, "episodes"
                 ),
                 pool.submit(
-                    _write,
-                    blocks.observe(
-                        block_stats,
-                        F.count(F.lit(1)).alias("n"),
-                        *tf.histogram_metrics(F.col("duration_s"), "block"),
-                    ),
-                    out,
-                    "channel_blocks",
+                    _write, blocks.observe(block_stats, *block_metrics), out, "channel_blocks"
                 ),
                 pool.submit(
-                    _write,
-                    stores.observe(store_stats, F.count(F.lit(1)).alias("n")),
-                    out,
-                    "store_episodes",
+                    _write, stores.observe(store_stats, *store_metrics), out, "store_episodes"
                 ),
             ]
             # One aggregation of the episodes serves the summary and the advice.
@@ -535,19 +571,22 @@ def analyze(
                 ),
             }
             rows = dict(zip(queries, pool.map(_rows, queries.values()), strict=True))
+            episode_counts = _observed(episode_stats, "n", episodes, episode_metrics)
+            block_counts = _observed(block_stats, "n", blocks, block_metrics)
+            store_counts = _observed(store_stats, "n", stores, store_metrics)
+            delay_counts = _observed(delay_stats, "delay_0", parsed_client, delay_metrics)
     finally:
         # Everything the report needs is collected: drop the kept rows now
         # rather than when the JVM gets round to it.
         kept.release()
-    episode_counts = episode_stats.get
     totals = {
         "events": int(counts["lines"]) - int(counts["malformed"]) - int(counts["ignored"]),
         "malformed lines": int(counts["malformed"]),
         "queues with episodes": int(rows["queues_with_episodes"][0]["n"]),
         "flow episodes": int(episode_counts["n"]),
         "open episodes": int(episode_counts["open"]),
-        "channel blocks": int(block_stats.get["n"]),
-        "store episodes": int(store_stats.get["n"]),
+        "channel blocks": int(block_counts["n"]),
+        "store episodes": int(store_counts["n"]),
     }
     ignored = int(counts["ignored"])
     if ignored:
@@ -561,14 +600,14 @@ def analyze(
         timeline=rows["timeline"],
         timeline_buckets=TIMELINE_BUCKETS,
         timeline_queues=rows["timeline_queues"],
-        block_histogram=tf.histogram_rows(block_stats.get, "block"),
-        delay_histogram=tf.histogram_rows(delay_stats.get, "delay"),
+        block_histogram=tf.histogram_rows(block_counts, "block"),
+        delay_histogram=tf.histogram_rows(delay_counts, "delay"),
         advice=rows["advice"],
         malformed=rows["malformed"],
         store_episodes=rows["store_episodes"],
         send_delays=rows["send_delays"],
     )
-    (out / "report.html").write_text(render_report(data), encoding="utf-8")
+    write_text_atomically(out / "report.html", render_report(data))
     phase("report")
     return AnalysisResult(
         out=out,
@@ -625,6 +664,35 @@ def _parser() -> argparse.ArgumentParser:
         f"thresholds in a gateway /api/queues snapshot (default {DEFAULT_FLOW_STOP_THRESHOLD})",
     )
     parser.add_argument("--master", help="Spark master URL (default local[2])")
+    parser.add_argument(
+        "--remote", metavar="sc://HOST:PORT", help="run through a Spark Connect server instead"
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--incremental",
+        action="store_true",
+        help="read only what was added since the last run (checkpoint under --out), then exit",
+    )
+    mode.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep running: an incremental step every --trigger seconds, until interrupted",
+    )
+    parser.add_argument(
+        "--trigger",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between the starts of two --follow steps (default 10)",
+    )
+    parser.add_argument(
+        "--lateness",
+        type=float,
+        default=DEFAULT_LATENESS_S,
+        metavar="SECONDS",
+        help="how late an event of one file may arrive after newer events of another "
+        f"(--incremental/--follow; default {DEFAULT_LATENESS_S:.0f})",
+    )
     return parser
 
 
@@ -647,8 +715,22 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         except (OSError, ValueError) as exc:
             print(f"rabbitflow-analyze: --queue-limits {args.queue_limits}: {exc}", file=sys.stderr)
             return 2
-    session = build_session(args.master) if spark is None else spark
+    if args.trigger <= 0 or args.lateness < 0:
+        print(
+            "rabbitflow-analyze: --trigger must be positive, --lateness not negative",
+            file=sys.stderr,
+        )
+        return 2
+    if args.master is not None and args.remote is not None:
+        print("rabbitflow-analyze: give --master or --remote, not both", file=sys.stderr)
+        return 2
+    session = build_session(args.master, remote=args.remote) if spark is None else spark
     try:
+        if args.follow:
+            return _follow(session, args, limits)
+        if args.incremental:
+            step = _step(session, args, limits, live=False)
+            return 1 if step.all_malformed else 0
         result = analyze(
             session, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
         )
@@ -661,14 +743,87 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     )
     if result.all_malformed:
         reason, count = result.malformed_reasons[0]
-        print(
-            f"rabbitflow-analyze: error: every one of the {result.malformed:,} event-log lines "
-            f"is malformed; commonest reason: {reason} ({count:,} lines). Expected the "
-            "gateway's JSON event records or Broker-J operational log lines "
-            "(see the malformed table and docs/pipeline.md)",
-            file=sys.stderr,
-        )
+        _all_malformed(result.malformed, reason, count)
         return 1
+    return 0
+
+
+def _all_malformed(malformed: int, reason: str, count: int) -> None:
+    print(
+        f"rabbitflow-analyze: error: every one of the {malformed:,} event-log lines "
+        f"is malformed; commonest reason: {reason} ({count:,} lines). Expected the "
+        "gateway's JSON event records or Broker-J operational log lines "
+        "(see the malformed table and docs/pipeline.md)",
+        file=sys.stderr,
+    )
+
+
+def _step(
+    session: SparkSession,
+    args: argparse.Namespace,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+    *,
+    live: bool,
+) -> StepResult:
+    result = run_step(
+        session,
+        args.event_logs,
+        args.out,
+        client_paths=args.client_log,
+        queue_limits=limits,
+        lateness_s=args.lateness,
+        live=live,
+    )
+    _print_step(result)
+    if not result.changed:
+        print(f"rabbitflow-analyze: no new input since step {result.batch}", flush=True)
+    return result
+
+
+def _print_step(result: StepResult) -> None:
+    if result.changed:
+        print(
+            f"rabbitflow-analyze: step {result.batch}: {result.new_bytes:,} new bytes; "
+            f"{result.events:,} events, {result.malformed:,} malformed lines, "
+            f"{result.episodes:,} flow episodes ({result.open_episodes:,} open) "
+            f"in {result.seconds:.1f}s → {result.out}",
+            flush=True,
+        )
+    if result.all_malformed and result.malformed_reasons:
+        reason, count = result.malformed_reasons[0]
+        _all_malformed(result.malformed, reason, count)
+
+
+def _follow(
+    session: SparkSession,
+    args: argparse.Namespace,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+) -> int:
+    """Steps every ``--trigger`` seconds until SIGINT/SIGTERM (the step under way finishes)."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, request_stop)
+    try:
+        follow(
+            session,
+            args.event_logs,
+            args.out,
+            trigger_s=args.trigger,
+            stop=stop,
+            on_step=_print_step,
+            client_paths=args.client_log,
+            queue_limits=limits,
+            lateness_s=args.lateness,
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

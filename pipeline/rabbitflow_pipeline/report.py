@@ -37,6 +37,8 @@ class ReportData:
     malformed: Sequence[Row]
     store_episodes: Sequence[Row] = field(default_factory=tuple)
     send_delays: Sequence[Row] = field(default_factory=tuple)
+    #: The episodes and blocks open right now, shown first (a live report); None: no section.
+    open_now: Sequence[Row] | None = None
 
 
 def _e(value: object) -> str:
@@ -239,6 +241,20 @@ padding:3px 6px;text-align:left;vertical-align:top}th{background:#eaeded}
 """
 
 
+def _open_now(rows: Sequence[Row] | None) -> list[str]:
+    """The live report's first section: what is open now, oldest first."""
+    if rows is None:
+        return []
+    return [
+        "<h2>Open now</h2>",
+        _table(
+            rows,
+            ["kind", "vhost", "queue", "connection", "channel", "start"],
+            empty="Nothing is open: no queue overfull, no channel blocked, no store overfull.",
+        ),
+    ]
+
+
 def render_report(data: ReportData) -> str:
     """The complete HTML page."""
     window = "no events"
@@ -274,6 +290,7 @@ def render_report(data: ReportData) -> str:
         "<h1>rabbitflow flow-control report</h1>",
         f"<div class='meta'>Window: {_e(window)}<br>Inputs: {_e(', '.join(data.inputs))}</div>",
         f"<div class='cards'>{cards}</div>",
+        *_open_now(data.open_now),
         "<h2>Episodes over time per queue</h2>",
         "<div class='meta'>Queues with the most time overfull; darker = overfull for more of "
         "the time slice.</div>",

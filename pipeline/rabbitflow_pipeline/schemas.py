@@ -38,6 +38,7 @@ __all__ = [
     "EVENT_WIRE_SCHEMA",
     "LIFECYCLE_CODES",
     "LINES_SCHEMA",
+    "OPTIONAL_FIELDS",
     "QUEUE_LIMITS_SCHEMA",
     "STORE_EPISODES_SCHEMA",
     "event_record_schema",
@@ -90,13 +91,20 @@ def spark_type(kind: type) -> T.DataType:
         raise TypeError(f"no Spark type for event field type {kind!r}") from None
 
 
+#: Optional record fields the pipeline reads although no event class has them
+#: (yet): ``gateway`` names the member of a gateway cluster that logged the event.
+OPTIONAL_FIELDS: dict[str, type] = {"gateway": str}
+
+
 def event_record_schema() -> T.StructType:
-    """The schema of one gateway event-log line, built from the event classes."""
+    """The schema of one gateway event-log line, built from the event classes.
+
+    Plus :data:`OPTIONAL_FIELDS` (null where a record lacks them).
+    """
+    fields = {**OPTIONAL_FIELDS, **record_fields()}
+    ordered = {**record_fields(), **fields}
     return T.StructType(
-        [
-            T.StructField(name, spark_type(kind), nullable=True)
-            for name, kind in record_fields().items()
-        ]
+        [T.StructField(name, spark_type(kind), nullable=True) for name, kind in ordered.items()]
     )
 
 

@@ -739,12 +739,16 @@ def resolve_runs(candidates: DataFrame) -> DataFrame:
     ).where(F.col("_run") == F.lit(_RUN_START))
 
 
-def finish_intervals(candidates: DataFrame, resolved: DataFrame | None = None) -> DataFrame:
+def finish_intervals(
+    candidates: DataFrame, resolved: DataFrame | None = None, *, keep_seq: bool = False
+) -> DataFrame:
     """The intervals (one row per interval and per malformed line) from :func:`pair_candidates`.
 
     ``resolved`` is :func:`resolve_runs` of the same candidates, when the
     caller computed it already (the job keeps it, being small); otherwise
-    it is computed here.
+    it is computed here.  With ``keep_seq`` each row also carries
+    ``start_seq``, the ``seq`` of the event that opened it (the incremental
+    job keeps the opening event of an interval still open).
     """
     runs = resolve_runs(candidates) if resolved is None else resolved
     rows = _close_with_connections(
@@ -776,6 +780,7 @@ def finish_intervals(candidates: DataFrame, resolved: DataFrame | None = None) -
         "resume_count",
         "resume_size",
         "reason",
+        *([F.col("_seq").alias("start_seq")] if keep_seq else []),
     )
 
 

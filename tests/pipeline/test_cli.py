@@ -13,7 +13,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.gateway import Gateway
-from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, parse_queue_limits
+from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, main, parse_queue_limits
 
 from .logs import at, client_line, enforced, line, over, removed, store_over, under
 
@@ -225,3 +225,23 @@ def test_parse_queue_limits_refuses_an_entry_without_a_name() -> None:
 def test_parse_queue_limits_refuses_a_non_list() -> None:
     with pytest.raises(QueueLimitsError, match="JSON list"):
         parse_queue_limits(json.loads('"nope"'))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--follow", "--trigger", "0"],
+        ["--incremental", "--lateness", "-1"],
+        ["--master", "local[1]", "--remote", "sc://127.0.0.1:15002"],
+    ],
+)
+def test_live_options_are_checked_before_spark_starts(
+    tmp_path: Path, options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["gw.jsonl", "--out", str(tmp_path), *options]) == 2
+    assert "rabbitflow-analyze:" in capsys.readouterr().err
+
+
+def test_incremental_and_follow_exclude_each_other(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main(["gw.jsonl", "--out", str(tmp_path), "--incremental", "--follow"])

@@ -58,3 +58,13 @@ def test_histogram_labels_the_open_last_bucket() -> None:
     )
     assert "0s\u20135s" in svg
     assert "≥5s" in svg
+
+
+def test_live_report_starts_with_what_is_open_now() -> None:
+    page = render_report(
+        data(open_now=[{"kind": "queue", "vhost": "/", "queue": "orders", "start": T0}])
+    )
+    assert page.index("<h2>Open now</h2>") < page.index("<h2>Episodes over time")
+    assert "2026-11-22 05:00:00" in page.split("<h2>Episodes over time")[0]
+    assert "Open now" not in render_report(data())
+    assert "Nothing is open" in render_report(data(open_now=[]))

@@ -1,0 +1,251 @@
+"""``--incremental``: steps over a growing input end in the batch job's tables, exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from rabbitflow_broker.events import Event
+from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.generate import generate
+from rabbitflow_pipeline.incremental import (
+    STATE_DIR,
+    StepResult,
+    follow,
+    load_checkpoint,
+    run_step,
+)
+
+from .logs import at, line, over, under
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+
+#: A Broker-J operational log (text lines), read by content beside the JSON logs.
+BROKER_J = [
+    "2026-11-18 11:07:00,000 INFO  [IO-/127.0.0.1:40029] (q.m.q.overfull) - MESSAGE "
+    "[vh(/bj)/qu(legacy)] [vh(/bj)/qu(legacy)] QUE-1003 : Overfull : Size : 1,200 bytes, "
+    "Capacity : 1,000",
+    "2026-11-18 11:07:05,000 INFO  [IO-/127.0.0.1:40029] (c.m.c.open) - MESSAGE "
+    "[con:7(guest@/127.0.0.1:50514/bj)] CON-1001 : Open",
+    "this line is not an event",
+    "2026-11-18 11:09:00,000 INFO  [IO-/127.0.0.1:40029] (q.m.q.underfull) - MESSAGE "
+    "[vh(/bj)/qu(legacy)] [vh(/bj)/qu(legacy)] QUE-1004 : Underfull : Size : 600 bytes, "
+    "Resume Capacity : 800",
+]
+
+
+class Crash(Exception):
+    """Stands for the process being killed at a stage of a step."""
+
+
+def crash_at(stage: str):  # type: ignore[no-untyped-def]
+    def hook(name: str) -> None:
+        if name == stage:
+            raise Crash(stage)
+
+    return hook
+
+
+def mid_episode_cut(lines: list[str]) -> int:
+    """A line index two past a QUE-1003 whose episode is still open at the next line."""
+    records = [json.loads(text) for text in lines]
+    for index in range(len(lines) // 3, len(lines) - 2):
+        if records[index]["code"] == "QUE-1003" and records[index + 1]["code"] != "QUE-1004":
+            return index + 2
+    raise AssertionError("no queue episode in the generated log")
+
+
+def tree(out: Path) -> dict[str, str]:
+    """Every file under ``out`` with a digest of its content."""
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[str]], list[str]]:
+    """Two gateway logs and the client logs, as lists of lines."""
+    src = tmp_path_factory.mktemp("gen")
+    gateways = generate(
+        src, events=4000, queues=10, days=0.2, gateways=2, processes=1, client_fraction=0.5
+    )
+    client_lines = [
+        text
+        for path in sorted(src.glob("client-*.jsonl"))
+        for text in path.read_text().splitlines()
+    ]
+    return [p.read_text().splitlines() for p in gateways], client_lines
+
+
+def append(path: Path, lines: list[str], *, partial: str = "") -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write("".join(f"{text}\n" for text in lines) + partial)
+
+
+def assert_same_tables(spark: SparkSession, actual: Path, expected: Path) -> None:
+    for table in TABLES:
+        assertDataFrameEqual(
+            spark.read.parquet(str(actual / table)), spark.read.parquet(str(expected / table))
+        )
+
+
+def test_incremental_steps_end_in_the_batch_tables(
+    spark: SparkSession,
+    tmp_path: Path,
+    generated: tuple[list[list[str]], list[str]],
+) -> None:
+    (gw0, gw1), client = generated
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    events = [str(live / "*.jsonl"), str(live / "*.log")]
+    clients = [str(live / "client.json")]
+    cut = mid_episode_cut(gw0)
+    half = len(gw1) // 2
+
+    def step(**kwargs: object) -> None:
+        run_step(spark, events, out, client_paths=clients, **kwargs)  # type: ignore[arg-type]
+
+    # Step 0: the first part of one gateway's log, ending inside an episode
+    # (its QUE-1003 is read, its QUE-1004 is not), and a line cut in two
+    # (its end arrives with the next step).
+    head = gw0[:cut]
+    append(live / "gw0.jsonl", head[:-1], partial=head[-1][:17])
+    append(live / "client.json", client[: len(client) // 2])
+    step()
+    first = load_checkpoint(out)
+    assert first.batch == 0
+    # The open episode is stored as state, not yet a closed row.
+    open_rows = spark.read.parquet(str(out / "episodes")).where("open").count()
+    assert open_rows >= 1
+
+    # Step 1: the rest of the cut line and more appended lines; a new file of
+    # the second gateway and a Broker-J log.
+    append(live / "gw0.jsonl", [head[-1][17:], *gw0[cut : cut + 400]])
+    append(live / "gw1.jsonl", gw1[:half])
+    append(live / "broker.log", BROKER_J[:2])
+    step()
+
+    # Step 2, killed once after every table was written but before the
+    # commit, then run again: the rest of everything.
+    append(live / "gw0.jsonl", gw0[cut + 400 :])
+    append(live / "gw1.jsonl", gw1[half:])
+    append(live / "broker.log", BROKER_J[2:])
+    append(live / "client.json", client[len(client) // 2 :])
+    with pytest.raises(Crash):
+        step(hook=crash_at("tables"))
+    step()
+    assert load_checkpoint(out).batch == 2
+
+    # A run with nothing new changes nothing.
+    before = tree(out)
+    step()
+    assert tree(out) == before
+    assert load_checkpoint(out).batch == 2
+
+    batch = tmp_path / "batch"
+    analyze(spark, events, batch, client_paths=clients)
+    assert_same_tables(spark, out, batch)
+    # Every input line was counted exactly once.
+    totals = load_checkpoint(out)
+    assert totals.lines == len(gw0) + len(gw1) + len(BROKER_J)
+    assert totals.malformed == 1
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert not list((out / STATE_DIR / "staging").iterdir())
+
+
+def test_follow_shows_appended_lines_within_two_triggers(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    live = tmp_path / "events.jsonl"
+    out = tmp_path / "out"
+    live.write_text(line(over(0, "orders")) + "\n")
+    steps: list[StepResult] = []
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=follow,
+        args=(spark, [str(live)], out),
+        kwargs={"trigger_s": 0.5, "stop": stop, "on_step": steps.append, "lateness_s": 0},
+    )
+    runner.start()
+    try:
+        wait_for(lambda: any(s.changed for s in steps), "the first step")
+        report = (out / "report.html").read_text()
+        assert "<h2>Open now</h2>" in report.split("<h2>Episodes over time")[0]
+        appended_after = len(steps)
+        append(live, [line(under(20, "orders")), line(over(30, "orders"))])
+
+        def closed_episode_shown() -> bool:
+            try:
+                rows = spark.read.parquet(str(out / "episodes")).orderBy("start").collect()
+            except Exception:  # a step replaced a file while this read listed the table
+                return False
+            return [r["open"] for r in rows] == [False, True]
+
+        wait_for(closed_episode_shown, "the appended lines in the episodes table")
+        # The step that started before the append may have missed it; the next one may not.
+        assert len(steps) <= appended_after + 2
+    finally:
+        stop.set()
+        runner.join(timeout=120)
+    assert not runner.is_alive()
+    assert load_checkpoint(out).lines == 3
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def member_line(event: Event, gateway: str) -> str:
+    """A record as a member of a gateway cluster logs it (with its ``gateway`` field)."""
+    return json.dumps({**event.to_record(), "gateway": gateway})
+
+
+def test_two_members_logging_one_transition_make_one_episode(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Both members of a gateway cluster log each transition of the shared
+    # queue; the second member's file is read one step later than the first's.
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    inputs = [str(live / "*.jsonl")]
+
+    def transitions(member: str, lag: float) -> list[str]:
+        return [
+            member_line(over(0 + lag, "orders"), member),
+            member_line(under(20 + lag, "orders"), member),
+            member_line(over(40 + lag, "orders"), member),
+        ]
+
+    append(live / "gw-a.jsonl", transitions("a", 0))
+    run_step(spark, inputs, out)
+    append(live / "gw-b.jsonl", transitions("b", 0.5))
+    run_step(spark, inputs, out)
+    # Later transitions of both settle the first ones into the stored state.
+    append(live / "gw-a.jsonl", [member_line(under(200, "orders"), "a")])
+    append(live / "gw-b.jsonl", [member_line(under(200.5, "orders"), "b")])
+    run_step(spark, inputs, out)
+
+    episodes = spark.read.parquet(str(out / "episodes")).orderBy("start").collect()
+    utc = [
+        (at(t0).replace(tzinfo=None), at(t1).replace(tzinfo=None))
+        for t0, t1 in ((0, 20), (40, 200))
+    ]
+    assert [(r["start"], r["end"]) for r in episodes] == utc
+    batch = tmp_path / "batch"
+    analyze(spark, inputs, batch)
+    assert_same_tables(spark, out, batch)
