@@ -23,6 +23,8 @@ mark is not used because with pytest 9.2 it groups nothing (the group
 travels in the test's id, which pytest no longer lets a plugin change).
 A test that needs the Spark session outside the ``spark`` modules, or asks
 for an ``xdist_group``, stops the run with a message saying what to add.
+The ``spark`` modules' tests are also marked ``slow``: the quick loop
+(``scripts/test -m "not slow"``) leaves them out.
 
 Without ``-n`` (plain ``pytest``) none of this changes anything.
 """
@@ -73,6 +75,10 @@ def group_of(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.split("::", 1)[0]
+        if GROUPS.get(module) == "spark":
+            # Together the Spark tests take minutes (and the session alone many
+            # seconds to start): the quick loop, -m "not slow", leaves them out.
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is not None:
             raise pytest.UsageError(
                 f"{item.nodeid}: xdist_group groups nothing with this pytest; "
