@@ -5,10 +5,12 @@ loadgroup``).  Each test goes to whichever worker is free, except the
 tests of one group below, which all run one after the other on the same
 worker (the biggest groups are handed out first):
 
-``spark``
-    Every module whose tests use the Spark session.  The session is a JVM
-    of several GiB that takes many seconds of CPU to start: one worker owns
-    it instead of each starting its own.
+``spark-1``, ``spark-2``
+    The modules whose tests use the Spark session, in two halves of about
+    the same work.  A session is a JVM of several GiB that takes many
+    seconds of CPU to start and gets faster as it runs (compiled plans are
+    cached): two workers own one each instead of every worker starting one
+    for a few tests.
 ``heavy``
     Tests that load RabbitMQ or the CPU hard (throwaway nodes, thousands of
     messages, hostile clients) or whose outcome depends on timing that a
@@ -21,9 +23,9 @@ The groups are decided here, from each test's path, by the scheduler of
 :func:`pytest_xdist_make_scheduler`: pytest-xdist's own ``xdist_group``
 mark is not used because with pytest 9.2 it groups nothing (the group
 travels in the test's id, which pytest no longer lets a plugin change).
-A test that needs the Spark session outside the ``spark`` modules, or asks
+A test that needs the Spark session outside the Spark groups, or asks
 for an ``xdist_group``, stops the run with a message saying what to add.
-The ``spark`` modules' tests are also marked ``slow``: the quick loop
+The Spark modules' tests are also marked ``slow``: the quick loop
 (``scripts/test -m "not slow"``) leaves them out.
 
 Without ``-n`` (plain ``pytest``) none of this changes anything.
@@ -37,18 +39,24 @@ import pytest
 
 #: Modules (paths from the repository root) -> the group their tests share.
 GROUPS: dict[str, str] = {
+    # Two Spark sessions, one per worker, each for about half the Spark work.
     **dict.fromkeys(
         [
             "integration/pipeline/test_analyze_gateway_log.py",
             "integration/pipeline/test_sink.py",
+            "tests/pipeline/test_pairing.py",
+            "tests/pipeline/test_transforms.py",
+        ],
+        "spark-1",
+    ),
+    **dict.fromkeys(
+        [
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
             "tests/pipeline/test_inputs.py",
-            "tests/pipeline/test_pairing.py",
             "tests/pipeline/test_report_browser.py",
-            "tests/pipeline/test_transforms.py",
         ],
-        "spark",
+        "spark-2",
     ),
     **dict.fromkeys(
         [
@@ -75,7 +83,8 @@ def group_of(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        if GROUPS.get(module) == "spark":
+        spark_module = GROUPS.get(module, "").startswith("spark")
+        if spark_module:
             # Together the Spark tests take minutes (and the session alone many
             # seconds to start): the quick loop, -m "not slow", leaves them out.
             item.add_marker(pytest.mark.slow)
@@ -85,10 +94,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"add {module!r} to GROUPS in conftest.py instead"
             )
         uses_spark = "spark" in getattr(item, "fixturenames", ())
-        if uses_spark and GROUPS.get(module) != "spark":
+        if uses_spark and not spark_module:
             raise pytest.UsageError(
-                f"{item.nodeid} uses the Spark session: add {module!r} to the "
-                "'spark' modules of GROUPS in conftest.py"
+                f"{item.nodeid} uses the Spark session: add {module!r} to one of "
+                "the 'spark-' groups of GROUPS in conftest.py"
             )
 
 
