@@ -5,12 +5,12 @@ loadgroup``).  Each test goes to whichever worker is free, except the
 tests of one group below, which all run one after the other on the same
 worker (the biggest groups are handed out first):
 
-``spark-1``, ``spark-2``
-    The modules whose tests use the Spark session, in two halves of about
-    the same work.  A session is a JVM of several GiB that takes many
-    seconds of CPU to start and gets faster as it runs (compiled plans are
-    cached): two workers own one each instead of every worker starting one
-    for a few tests.
+``spark``
+    The modules whose tests use the Spark session.  The session is a JVM
+    of several GiB that takes many seconds of CPU to start and gets faster
+    as it runs (compiled plans are cached): one worker owns it instead of
+    each starting its own.  (Two sessions on two workers were tried: on
+    two cores they only slowed each other down.)
 ``heavy``
     Tests that load RabbitMQ or the CPU hard (throwaway nodes, thousands of
     messages, hostile clients) or whose outcome depends on timing that a
@@ -39,24 +39,18 @@ import pytest
 
 #: Modules (paths from the repository root) -> the group their tests share.
 GROUPS: dict[str, str] = {
-    # Two Spark sessions, one per worker, each for about half the Spark work.
     **dict.fromkeys(
         [
             "integration/pipeline/test_analyze_gateway_log.py",
             "integration/pipeline/test_sink.py",
-            "tests/pipeline/test_pairing.py",
-            "tests/pipeline/test_transforms.py",
-        ],
-        "spark-1",
-    ),
-    **dict.fromkeys(
-        [
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
             "tests/pipeline/test_inputs.py",
+            "tests/pipeline/test_pairing.py",
             "tests/pipeline/test_report_browser.py",
+            "tests/pipeline/test_transforms.py",
         ],
-        "spark-2",
+        "spark",
     ),
     **dict.fromkeys(
         [
@@ -83,7 +77,7 @@ def group_of(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        spark_module = GROUPS.get(module, "").startswith("spark")
+        spark_module = GROUPS.get(module) == "spark"
         if spark_module:
             # Together the Spark tests take minutes (and the session alone many
             # seconds to start): the quick loop, -m "not slow", leaves them out.
@@ -96,8 +90,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         uses_spark = "spark" in getattr(item, "fixturenames", ())
         if uses_spark and not spark_module:
             raise pytest.UsageError(
-                f"{item.nodeid} uses the Spark session: add {module!r} to one of "
-                "the 'spark-' groups of GROUPS in conftest.py"
+                f"{item.nodeid} uses the Spark session: add {module!r} to the "
+                "'spark' modules of GROUPS in conftest.py"
             )
 
 
