@@ -42,9 +42,11 @@ GROUPS: dict[str, str] = {
     **dict.fromkeys(
         [
             "integration/pipeline/test_analyze_gateway_log.py",
+            "integration/pipeline/test_clusters.py",
             "integration/pipeline/test_sink.py",
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
+            "tests/pipeline/test_incremental.py",
             "tests/pipeline/test_inputs.py",
             "tests/pipeline/test_pairing.py",
             "tests/pipeline/test_report_browser.py",
