@@ -3,8 +3,9 @@
 Fixtures
 --------
 ``broker`` (session)
-    A :class:`Broker` for the shared RabbitMQ: ``$RABBITMQ_URL`` when set,
-    else the local node on 127.0.0.1:5672, else a RabbitMQ container
+    A :class:`Broker` for the shared RabbitMQ: ``$RABBITMQ_URL`` when set
+    (management API at ``$RABBITMQ_MANAGEMENT_URL``, else port 15672 of the
+    same host), else the local node on 127.0.0.1:5672, else a RabbitMQ container
     (testcontainers) when a Docker engine answers, else a throwaway node.
     Ready only once it answers an AMQP handshake.  Never stopped or
     reconfigured by a test.
@@ -86,7 +87,10 @@ def broker() -> Iterator[Broker]:
         host, port = host_port(url)
         if not amqp_handshake_ok(host, port, timeout=5):
             pytest.fail(f"RABBITMQ_URL={url} does not answer an AMQP handshake")
-        yield Broker(url, os.environ.get("RABBITMQ_MANAGEMENT_URL"))
+        # RabbitMQ's management plugin listens on 15672 of the same host unless
+        # told otherwise; the gateway fixtures fail (not skip) if it does not answer.
+        management = os.environ.get("RABBITMQ_MANAGEMENT_URL") or f"http://{host}:15672"
+        yield Broker(url, management)
         return
     if amqp_handshake_ok("127.0.0.1", 5672, timeout=5):
         yield Broker(DEFAULT_URL, "http://127.0.0.1:15672")
@@ -130,7 +134,7 @@ def throwaway_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broke
 def gateway_url(broker: Broker, tmp_path: Path) -> Iterator[str]:
     """The AMQP URL of a gateway (its own process) in front of ``broker``."""
     if broker.management_url is None:
-        pytest.skip("the gateway needs the management API")
+        pytest.fail("the gateway needs RabbitMQ's management API: set RABBITMQ_MANAGEMENT_URL")
     port = free_port()
     log_path = tmp_path / "gateway.log"
     with log_path.open("w") as log:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import selectors
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ import pika
 import pytest
 
 from bench._gateway_common import GatewayProcess
+from integration.broker._depth import DepthWatcher
 from integration.broker._raw_amqp import (
     FRAME_BODY,
     FRAME_METHOD,
@@ -46,9 +46,6 @@ ALLOWANCE = 2_000
 SLACK = 100
 BODY = bytes(256)
 ENFORCEMENT_TIMEOUT_MS = 1000
-SAMPLE_INTERVAL_S = 0.05
-#: The depth has settled when this many samples in a row (0.5 s) are equal.
-SETTLED_SAMPLES = 10
 
 pytestmark = pytest.mark.slow
 
@@ -80,49 +77,6 @@ def flow_queue(
     finally:
         connection.close()
     return queue
-
-
-class DepthWatcher(threading.Thread):
-    """Samples a queue's ready count straight from RabbitMQ; keeps the maximum."""
-
-    def __init__(self, broker: Broker, queue: str) -> None:
-        super().__init__(daemon=True)
-        self._broker = broker
-        self._queue = queue
-        self._halt = threading.Event()
-        self.maximum = 0
-        self._settle_deadline = float("inf")
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            connection = self._broker.blocking_connection()
-            channel = connection.channel()
-            recent: list[int] = []
-            # After the client is done, go on until the depth has settled (what the
-            # gateway still had in flight has reached the queue), within a deadline.
-            while not (self._halt.is_set() and self._settled(recent)):
-                depth = channel.queue_declare(self._queue, passive=True).method.message_count
-                self.maximum = max(self.maximum, depth)
-                recent = [*recent[-(SETTLED_SAMPLES - 1) :], depth]
-                time.sleep(SAMPLE_INTERVAL_S)
-            connection.close()
-        except BaseException as exc:  # reported by finish()
-            self.error = exc
-
-    def _settled(self, recent: list[int]) -> bool:
-        if time.monotonic() > self._settle_deadline:
-            raise AssertionError(f"queue depth still moving 10 s after the client: {recent}")
-        return len(recent) == SETTLED_SAMPLES and len(set(recent)) == 1
-
-    def finish(self) -> int:
-        """Sample until the depth has settled; return the largest depth seen."""
-        self._settle_deadline = time.monotonic() + 10
-        self._halt.set()
-        self.join(timeout=20)
-        if self.error is not None:
-            raise AssertionError(f"depth sampling failed: {self.error!r}")
-        return self.maximum
 
 
 @dataclass

@@ -70,9 +70,11 @@ class CertificateAuthority:
 
 
 def make_ca(directory: Path, name: str = "ca") -> CertificateAuthority:
-    """A new self-signed CA in ``directory``; skips the test without ``openssl``."""
+    """A new self-signed CA in ``directory``; fails the test without ``openssl``."""
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command line is not installed")
+        pytest.fail(
+            "the openssl command line is not installed (apt-get install openssl; scripts/bootstrap)"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     key, cert = directory / f"{name}.key", directory / f"{name}.pem"
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,

@@ -16,13 +16,7 @@ from rabbitflow_broker.events import ALL_QUEUES
 
 CAPACITY = 20
 
-pytestmark = [
-    pytest.mark.slow,
-    # The SDK leaves pika's wake-up socketpair to the garbage collector.
-    pytest.mark.filterwarnings(
-        "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 def _cli(gateway: RunningGateway, *args: str) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from integration.broker_ops.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
+from rabbitflow_broker.events import ALL_QUEUES
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +50,18 @@ def test_disk_store_size_is_measured_and_crossing_it_blocks(
 
         snap = wait_for(measured, what="the vhost's message store measured on disk")
         assert snap.overfull
+
+        # The producer's next publish gets its channel flowed on every queue.
+        channel.basic_publish("", "disk-quota", b"one more")
+
+        def flowed() -> list[object]:
+            connection.process_data_events(time_limit=0)
+            blocked = gateway.call(service.gateway.blocked_channels)
+            return [c for c in blocked if c.vhost == "/" and ALL_QUEUES in c.blocked_on]
+
+        assert len(wait_for(flowed, what="the producer's channel flowed on ** All Queues **")) == 1
+        enforced = gateway.events("CHN-1005")
+        assert [e["queue"] for e in enforced] == [ALL_QUEUES]
         connection.close()
     finally:
         gateway.stop()

@@ -16,10 +16,6 @@ OVERFULL, UNDERFULL = 1_000_000, 512_000
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings(
-    # The SDK leaves pika's wake-up socketpair to the garbage collector.
-    "ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"
-)
 def test_store_quota_blocks_both_producers_and_draining_frees_them(
     gateway_factory: Callable[..., RunningGateway], fresh_vhost: str
 ) -> None:

@@ -112,14 +112,27 @@ def test_sdk_producer_over_amqps_reaches_a_tls_pika_consumer_exactly_once_in_ord
 def test_sdk_ca_file_property_connects_over_amqps(
     tls_gateway: RunningGateway, ca: CertificateAuthority
 ) -> None:
+    queue = f"rf-tls-ca-file-{uuid.uuid4().hex[:10]}"
     factory = rabbitflow.ConnectionFactory(
         _amqps(tls_gateway), properties={"rabbitflow.ssl.ca_file": str(ca.cert)}
     )
+    try:
+        with factory.create_connection() as connection:
+            connection.start()
+            session = connection.create_session()
+            destination = session.create_queue(queue)
+            with session.create_producer(destination) as producer:
+                producer.send(session.create_text_message("over tls"))
+            received = session.create_consumer(destination).receive(timeout=10)
+    finally:
+        cleanup = tls_gateway.connect()
+        try:
+            cleanup.channel().queue_delete(queue)
+        finally:
+            cleanup.close()
 
-    with factory.create_connection() as connection:
-        session = connection.create_session()
-
-    assert session is not None
+    assert isinstance(received, rabbitflow.TextMessage)
+    assert received.text == "over tls"
 
 
 def test_sdk_client_that_does_not_trust_the_ca_gets_a_tls_error_saying_so(

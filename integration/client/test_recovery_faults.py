@@ -70,6 +70,7 @@ def _in_order_once_each(received: list[int], count: int) -> bool:
     return first == list(range(1, count + 1))
 
 
+@pytest.mark.slow  # 9,000 messages through the fault proxy per plan
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
 def test_every_accepted_send_arrives_in_order_across_cuts(
     broker: Broker, queues: list[str], plan: str, caplog: pytest.LogCaptureFixture

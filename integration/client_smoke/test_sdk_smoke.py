@@ -3,8 +3,12 @@ flow-control tests in integration/client do not exercise."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
+import urllib.request
 from collections.abc import Callable, Iterator
+from urllib.parse import quote
 
 import pytest
 
@@ -82,9 +86,31 @@ def test_existing_queue_is_used_with_its_arguments(
     pika_connection.close()
     session = connection.create_session()
     producer = session.create_producer(session.create_queue(name), capacity=10)
-    for n in range(3):
+    for n in range(7):
         producer.send(session.create_text_message(str(n)))
     producer.close()
+    # The SDK neither redeclared the queue nor changed its arguments ...
+    assert _queue_arguments(broker, name) == {"x-max-length": 5}
+    # ... and they are in force: RabbitMQ dropped the two oldest of seven.
+    pika_connection = broker.blocking_connection()
+    try:
+        channel = pika_connection.channel()
+        assert channel.queue_declare(name, passive=True).method.message_count == 5
+        bodies = [channel.basic_get(name, auto_ack=True)[2] for _ in range(5)]
+    finally:
+        pika_connection.close()
+    assert bodies == [str(n).encode() for n in range(2, 7)]
+
+
+def _queue_arguments(broker: Broker, name: str) -> object:
+    """The queue's arguments as RabbitMQ's management API lists them."""
+    base = (broker.management_url or "http://127.0.0.1:15672").rstrip("/")
+    request = urllib.request.Request(
+        f"{base}/api/queues/%2F/{quote(name, safe='')}",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())["arguments"]
 
 
 def test_topic_subscribers_each_get_a_copy(

@@ -103,6 +103,7 @@ def test_a_current_build_is_imported_unless_the_pure_env_is_set(tmp_path: Path) 
     assert status == f"pure Python ({accel.PURE_ENV} is set)"
 
 
+@pytest.mark.slow  # runs the engine's and the hub's unit tests once more
 @pytest.mark.skipif(
     not accel.current_build(), reason="the engine is not compiled: this run is pure"
 )

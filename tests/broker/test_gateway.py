@@ -300,13 +300,16 @@ def test_runtime_thresholds_never_leave_an_empty_queue_on(
     assert empty is False
 
 
-@pytest.mark.parametrize(
-    "values", [v for v in _COMBINATIONS if None not in v], ids=lambda v: "-".join(map(str, v))
-)
+_STORED = [v for v in _COMBINATIONS if None not in v]
+
+
+def _ids(values: tuple[int | None, ...]) -> str:
+    return "-".join(map(str, values))
+
+
+@pytest.mark.parametrize("values", [v for v in _STORED if not _resume_above_stop(v)], ids=_ids)
 def test_stored_thresholds_never_leave_an_empty_queue_on(values: tuple[int, ...]) -> None:
     stop_count, resume_count, stop_size, resume_size = values
-    if resume_count > stop_count or resume_size > stop_size:
-        return  # cannot be stored: Thresholds refuses it
     gateway, _ = _gateway(default_queue_limit=0)
     gateway.load_runtime_thresholds(
         {
@@ -322,6 +325,20 @@ def test_stored_thresholds_never_leave_an_empty_queue_on(values: tuple[int, ...]
     full, empty = _fill_past_stop_then_empty(gateway, "q")
     assert full is bool(stop_count or stop_size)
     assert empty is False
+
+
+@pytest.mark.parametrize("values", [v for v in _STORED if _resume_above_stop(v)], ids=_ids)
+def test_thresholds_with_a_resume_above_its_stop_cannot_be_stored(
+    values: tuple[int, ...],
+) -> None:
+    stop_count, resume_count, stop_size, resume_size = values
+    with pytest.raises(ThresholdError, match="above the stop value"):
+        Thresholds(
+            stop_count=stop_count,
+            resume_count=resume_count,
+            stop_size=stop_size,
+            resume_size=resume_size,
+        )
 
 
 _MAXIMA = [

@@ -292,9 +292,11 @@ async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> No
     client.feed_data(first)
     client.feed_data(second)
     opened.set()
-    for _ in range(20):
+    want = first + second
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(upstream.data) < len(want) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0)
-    assert bytes(upstream.data) == first + second
+    assert bytes(upstream.data) == want
     client.feed_eof()
     upstream.feed_eof()
     await asyncio.wait_for(relay.wait_closed(), 5)

@@ -360,10 +360,14 @@ def test_close_returns_when_the_last_confirm_arrives_while_it_waits() -> None:
 
 
 def test_close_returns_once_everything_is_confirmed() -> None:
-    _, session, producer, channel = setup()
+    harness, session, producer, channel = setup()
     producer.send(session.create_text_message("x"))
     channel.emit_ack(1)
     producer.close()
+    assert harness.wait.waits == []  # nothing left to wait for
+    assert channel.closed
+    with pytest.raises(rabbitflow.IllegalStateError, match="is closed"):
+        producer.send(session.create_text_message("y"))
 
 
 def test_channel_closed_by_the_broker_fails_sends_and_tells_the_listener() -> None:

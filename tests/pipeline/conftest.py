@@ -19,7 +19,6 @@ def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     # Spark's Python layer emits these from inside pyspark; they are not ours to fix.
     config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:pyspark.*")
-    config.addinivalue_line("filterwarnings", "ignore::ResourceWarning")
 
 
 @pytest.fixture(scope="session")
