@@ -5,6 +5,8 @@ consumer's span links to the producer's through the ``traceparent`` header."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -25,19 +27,42 @@ from .fakes import make_harness
 _EXPORTER = InMemorySpanExporter()
 
 
+class _Switch:
+    """Whether the tracer traces: only inside these tests, although the
+    process-wide provider, once set, stays for every later test of the
+    worker (which must not find ``traceparent`` in its messages)."""
+
+    on = False
+
+
+class _SwitchedTracer:
+    def __init__(self, real: trace.Tracer) -> None:
+        self._real, self._off = real, trace.NoOpTracer()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real if _Switch.on else self._off, name)
+
+
+class _SwitchedProvider(TracerProvider):
+    def get_tracer(self, *args: Any, **kwargs: Any) -> trace.Tracer:
+        return _SwitchedTracer(super().get_tracer(*args, **kwargs))  # type: ignore[return-value]
+
+
 def _install_provider() -> None:
     # The global provider can be set once per process; every test shares it.
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
+        provider = _SwitchedProvider()
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
 
 
 @pytest.fixture
-def spans() -> InMemorySpanExporter:
+def spans() -> Iterator[InMemorySpanExporter]:
     _install_provider()
     _EXPORTER.clear()
-    return _EXPORTER
+    _Switch.on = True
+    yield _EXPORTER
+    _Switch.on = False
 
 
 def _setup() -> tuple[object, rabbitflow.Session, rabbitflow.MessageProducer]:
