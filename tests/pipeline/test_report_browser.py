@@ -123,9 +123,14 @@ OVERFLOW_PROBE = """(() => {
 
 async def overflow_at(report: Path, width: int, profile: Path) -> tuple[list[Any], int]:
     async with chromium_page(chromium(), report.as_uri(), profile, width=width) as page:
-        # The page is one static document: it is laid out once it has loaded.
+        # The page is one static document: it is laid out once it has loaded
+        # (the report's, not the blank page the browser may still show).
         async def loaded() -> bool:
-            return bool(await page.evaluate("document.readyState === 'complete'"))
+            return bool(
+                await page.evaluate(
+                    "document.URL.startsWith('file:') && document.readyState === 'complete'"
+                )
+            )
 
         await eventually(loaded, timeout=30, what="report.html to load")
         found = await page.evaluate(OVERFLOW_PROBE)
