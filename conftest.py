@@ -1,16 +1,19 @@
 """Suite-wide settings: how the tests are shared out among parallel workers.
 
-``scripts/test`` runs the suite on pytest-xdist workers (``-n auto --dist
-loadgroup``).  Each test goes to whichever worker is free, except the
+``scripts/test`` runs the suite on pytest-xdist workers (one per core, at
+least 3, ``--dist loadgroup``).  Each test goes to whichever worker is free, except the
 tests of one group below, which all run one after the other on the same
 worker (the biggest groups are handed out first):
 
-``spark``
+``spark`` and ``spark-clusters``
     The modules whose tests use the Spark session.  The session is a JVM
     of several GiB that takes many seconds of CPU to start and gets faster
-    as it runs (compiled plans are cached): one worker owns it instead of
-    each starting its own.  (Two sessions on two workers were tried: on
-    two cores they only slowed each other down.)
+    as it runs (compiled plans are cached): a group's worker owns one
+    instead of each test starting its own.  The real-cluster and
+    incremental modules (minutes each, mostly in processes of their own)
+    are a second group, so that all the Spark work is not one worker's
+    queue.  (Splitting the other modules across two sessions only slowed
+    both down on two cores.)
 ``heavy``
     Tests that load RabbitMQ or the CPU hard (throwaway nodes, thousands of
     messages, hostile clients) or whose outcome depends on timing that a
@@ -42,17 +45,21 @@ GROUPS: dict[str, str] = {
     **dict.fromkeys(
         [
             "integration/pipeline/test_analyze_gateway_log.py",
-            "integration/pipeline/test_clusters.py",
             "integration/pipeline/test_sink.py",
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
-            "tests/pipeline/test_incremental.py",
             "tests/pipeline/test_inputs.py",
             "tests/pipeline/test_pairing.py",
             "tests/pipeline/test_report_browser.py",
             "tests/pipeline/test_transforms.py",
         ],
         "spark",
+    ),
+    # The two longest Spark modules (real clusters; incremental runs): a
+    # second session on another worker, so the Spark work is not one queue.
+    **dict.fromkeys(
+        ["integration/pipeline/test_clusters.py", "tests/pipeline/test_incremental.py"],
+        "spark-clusters",
     ),
     **dict.fromkeys(
         [
@@ -79,7 +86,7 @@ def group_of(nodeid: str) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.nodeid.split("::", 1)[0]
-        spark_module = GROUPS.get(module) == "spark"
+        spark_module = GROUPS.get(module, "").startswith("spark")
         if spark_module:
             # Together the Spark tests take minutes (and the session alone many
             # seconds to start): the quick loop, -m "not slow", leaves them out.
@@ -93,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if uses_spark and not spark_module:
             raise pytest.UsageError(
                 f"{item.nodeid} uses the Spark session: add {module!r} to the "
-                "'spark' modules of GROUPS in conftest.py"
+                "Spark modules of GROUPS in conftest.py"
             )
 
 
