@@ -1,19 +1,21 @@
 """Suite-wide settings: how the tests are shared out among parallel workers.
 
-``scripts/test`` runs the suite on pytest-xdist workers (one per core, at
-least 3, ``--dist loadgroup``).  Each test goes to whichever worker is free, except the
+``scripts/test`` runs the suite on pytest-xdist workers (``-n auto --dist
+loadgroup``).  Each test goes to whichever worker is free, except the
 tests of one group below, which all run one after the other on the same
 worker (the biggest groups are handed out first):
 
-``spark`` and ``spark-clusters``
+``spark``
     The modules whose tests use the Spark session.  The session is a JVM
     of several GiB that takes many seconds of CPU to start and gets faster
-    as it runs (compiled plans are cached): a group's worker owns one
-    instead of each test starting its own.  The real-cluster and
-    incremental modules (minutes each, mostly in processes of their own)
-    are a second group, so that all the Spark work is not one worker's
-    queue.  (Splitting the other modules across two sessions only slowed
-    both down on two cores.)
+    as it runs (compiled plans are cached): one worker owns it instead of
+    each starting its own.  (Two sessions on two workers were tried twice:
+    on two cores they only slowed each other down.)  The tests that start
+    real Spark clusters (a standalone master and worker, a Spark Connect
+    server: six minutes here) run only with ``RABBITFLOW_TEST_SPARK_CLUSTERS=1``
+    and are otherwise deselected, so that the suite keeps within its time.
+``demo``
+    The demo's runs, which check that no demo queue is left on the broker.
 ``heavy``
     Tests that load RabbitMQ or the CPU hard (throwaway nodes, thousands of
     messages, hostile clients) or whose outcome depends on timing that a
@@ -36,6 +38,7 @@ Without ``-n`` (plain ``pytest``) none of this changes anything.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -48,6 +51,7 @@ GROUPS: dict[str, str] = {
             "integration/pipeline/test_sink.py",
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
+            "tests/pipeline/test_incremental.py",
             "tests/pipeline/test_inputs.py",
             "tests/pipeline/test_pairing.py",
             "tests/pipeline/test_report_browser.py",
@@ -55,11 +59,11 @@ GROUPS: dict[str, str] = {
         ],
         "spark",
     ),
-    # The two longest Spark modules (real clusters; incremental runs): a
-    # second session on another worker, so the Spark work is not one queue.
+    # Real Spark clusters: run only when asked for (see SPARK_CLUSTERS_ENV).
+    "integration/pipeline/test_clusters.py": "spark",
+    # Each run of the demo checks that no demo queue is left on the broker.
     **dict.fromkeys(
-        ["integration/pipeline/test_clusters.py", "tests/pipeline/test_incremental.py"],
-        "spark-clusters",
+        ["integration/demo/test_demo.py", "integration/demo/test_compose_demo.py"], "demo"
     ),
     **dict.fromkeys(
         [
@@ -83,7 +87,17 @@ def group_of(nodeid: str) -> str | None:
     return GROUPS.get(nodeid.split("::", 1)[0])
 
 
+#: Set to 1 to run the tests that start real Spark clusters.
+SPARK_CLUSTERS_ENV = "RABBITFLOW_TEST_SPARK_CLUSTERS"
+_SPARK_CLUSTERS = "integration/pipeline/test_clusters.py"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(SPARK_CLUSTERS_ENV) != "1":
+        clusters = [item for item in items if item.nodeid.startswith(_SPARK_CLUSTERS)]
+        if clusters:
+            config.hook.pytest_deselected(items=clusters)
+            items[:] = [item for item in items if item not in clusters]
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         spark_module = GROUPS.get(module, "").startswith("spark")
