@@ -357,6 +357,17 @@ def _open_fds() -> int | None:
         return None
 
 
+async def get_cluster(request: web.Request) -> web.Response:
+    """GET /api/cluster: the cluster as this member sees it (404 when standalone)."""
+    node = _service(request).cluster
+    if node is None:
+        return web.json_response(
+            {"error": "this gateway is not a cluster member (start it with --cluster NAME)"},
+            status=404,
+        )
+    return web.json_response(node.view())
+
+
 async def get_runtime(request: web.Request) -> web.Response:
     """GET /api/runtime: memory, descriptors, tasks, connections and the collector."""
     service = _service(request)
@@ -424,6 +435,7 @@ def create_app(
     app.router.add_post("/api/producers/start", start_producers)
     app.router.add_get("/api/ready", get_ready)
     app.router.add_get("/api/runtime", get_runtime)
+    app.router.add_get("/api/cluster", get_cluster)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/", console)
     app.router.add_static("/static/", _STATIC, follow_symlinks=False)

@@ -87,6 +87,8 @@ class Report:
     used: int
     removed: int
     returned: bool = False
+    used_bytes: int = 0
+    removed_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,32 +185,55 @@ class QueueOwner:
         amount = self.batch - held
         if amount <= 0:
             return None
-        grant_id = self._next_grant
+        # Ids carry the owner's epoch, so no two owners ever issue the same one.
+        grant_id = (self.epoch << 32) + self._next_grant
         self._next_grant += 1
         self._grants[grant_id] = _Outstanding(request.member, amount, now + self.lease)
         return Grant(request.member, self.queue, grant_id, amount, request.asked_at, self.epoch)
 
     def report(self, report: Report, now: float) -> FlowUpdate | None:
         """Used allowance joins the depth, removals leave it; a flow change, or None."""
-        grant = self._grants.get(report.grant_id)
-        if grant is not None and grant.member == report.member:
-            used = min(report.used, grant.remaining)
-            grant.remaining -= used
-            self.depth += used
-            if report.returned or grant.remaining == 0:
-                del self._grants[report.grant_id]
+        self.depth += self.settle_report(report)
         self.depth = max(0, self.depth - report.removed)
         self.version += 1
         self.changed_at = now
         return self._judge()
 
+    def settle_report(self, report: Report) -> int:
+        """The ledger's part of :meth:`report`: the grant's use is settled;
+        returns how much of it counts as newly used (the caller's depth)."""
+        grant = self._grants.get(report.grant_id)
+        if grant is None or grant.member != report.member:
+            return 0
+        used = min(report.used, grant.remaining)
+        grant.remaining -= used
+        if report.returned or grant.remaining == 0:
+            del self._grants[report.grant_id]
+        return used
+
     def expire(self, now: float) -> FlowUpdate | None:
         """Grants past their lease count as used (their messages may be queued)."""
+        self.depth += self.expire_grants(now)
+        return self._judge()
+
+    def expire_grants(self, now: float) -> int:
+        """The ledger's part of :meth:`expire`: drops grants past their lease
+        and returns their unreported remainder (to count as used)."""
+        expired = 0
         for grant_id, grant in list(self._grants.items()):
             if now >= grant.expires_at:
-                self.depth += grant.remaining
+                expired += grant.remaining
                 del self._grants[grant_id]
-        return self._judge()
+        return expired
+
+    def grant(self, request: Request, now: float) -> Grant | None:
+        """A grant for ``request`` when one is due (ledger only: the caller
+        decides the flow state and sets :attr:`flow` first)."""
+        return self._grant(request, now)
+
+    def held_by(self, member: str) -> int:
+        """Outstanding allowance of one member."""
+        return sum(g.remaining for g in self._grants.values() if g.member == member)
 
     def observe_depth(self, messages: int, seen_version: int, now: float) -> FlowUpdate | None:
         """RabbitMQ's count, asked for when :attr:`version` was ``seen_version``:
@@ -239,6 +264,7 @@ class _Held:
     remaining: int
     valid_until: float
     used: int = 0
+    used_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -256,6 +282,7 @@ class MemberAllowance:
     flow: Flow = Flow.OFF
     epoch: int = 0
     removed: int = 0
+    removed_bytes: int = 0
     asked_at: float | None = None
     _grants: list[_Held] = field(default_factory=list)
 
@@ -263,7 +290,7 @@ class MemberAllowance:
         """Allowance still usable at ``now``."""
         return sum(g.remaining for g in self._grants if now < g.valid_until)
 
-    def take(self, now: float) -> bool:
+    def take(self, now: float, size: int = 0) -> bool:
         """Use one message of allowance; False: hold the completion instead."""
         if self.flow is Flow.ON:
             return False
@@ -271,6 +298,7 @@ class MemberAllowance:
             if grant.remaining and now < grant.valid_until:
                 grant.remaining -= 1
                 grant.used += 1
+                grant.used_bytes += size
                 return True
         return False
 
@@ -310,18 +338,28 @@ class MemberAllowance:
         every use now, ``final`` returns every grant too."""
         out: list[Report] = []
         removed, self.removed = self.removed, 0
+        removed_bytes, self.removed_bytes = self.removed_bytes, 0
         keep: list[_Held] = []
         for grant in self._grants:
             over = final or now >= grant.valid_until or grant.remaining == 0
             if over or grant.used * 2 >= self.batch or (flush and grant.used):
                 out.append(
-                    Report(self.member, self.queue, grant.grant_id, grant.used, removed, over)
+                    Report(
+                        self.member,
+                        self.queue,
+                        grant.grant_id,
+                        grant.used,
+                        removed,
+                        over,
+                        grant.used_bytes,
+                        removed_bytes,
+                    )
                 )
-                removed = 0
-                grant.used = 0
+                removed = removed_bytes = 0
+                grant.used = grant.used_bytes = 0
             if not over:
                 keep.append(grant)
         self._grants = keep
-        if removed:
-            out.append(Report(self.member, self.queue, 0, 0, removed))
+        if removed or removed_bytes:
+            out.append(Report(self.member, self.queue, 0, 0, removed, False, 0, removed_bytes))
         return out

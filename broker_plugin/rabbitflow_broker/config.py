@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 import warnings
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,9 @@ def parse_host_port(option: str, value: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ConfigError(f"--{option}: port {number} out of range")
     return host.strip("[]") or "0.0.0.0", number
+
+
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +102,12 @@ class GatewayConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     upstream_ca: str | None = None
+    #: Share one flow state with the other gateways started with this name.
+    cluster: str | None = None
+    #: Messages one member may accept for a queue before the owner hears of them.
+    cluster_batch: int = 100
+    #: Milliseconds a grant (and an owner's silence) may last.
+    cluster_lease: int = 2000
 
     def __post_init__(self) -> None:
         if self.listen.strip().lower() != "none":
@@ -124,6 +134,8 @@ class GatewayConfig:
             "event_log_max_bytes",
             "event_log_keep",
             "event_log_max_age",
+            "cluster_batch",
+            "cluster_lease",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -132,6 +144,14 @@ class GatewayConfig:
                 )
         if self.event_log_keep < 1:
             raise ConfigError("--event-log-keep: must be at least 1")
+        if self.cluster is not None and not _CLUSTER_NAME.fullmatch(self.cluster):
+            raise ConfigError(
+                f"--cluster: letters, digits, '-', '_' and '.' only (1-64), got {self.cluster!r}"
+            )
+        if self.cluster_batch < 1:
+            raise ConfigError("--cluster-batch: must be at least 1")
+        if self.cluster_lease < 200:
+            raise ConfigError("--cluster-lease: must be at least 200 ms")
         for name in ("default_flow_stop_threshold", "default_flow_resume_threshold"):
             if getattr(self, name) > 100:
                 raise ConfigError(f"--{name.replace('_', '-')}: a percentage cannot exceed 100")
@@ -394,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
         "tls_key": "PEM private key of --listen-tls (reloaded on SIGHUP)",
         "tls_client_ca": "PEM CA bundle: require client certificates signed by it",
         "upstream_ca": "PEM CA bundle to verify an amqps:// --upstream (default: system CAs)",
+        "cluster": "share one flow state with every gateway started with this cluster name "
+        "in front of the same RabbitMQ (default: standalone)",
+        "cluster_batch": "messages one cluster member may accept for a queue before the "
+        "others know (100)",
+        "cluster_lease": "ms a member's allowance lasts without the cluster's owner (2000)",
     }
     for name, summary in help_text.items():
         flag = "--" + name.replace("_", "-")

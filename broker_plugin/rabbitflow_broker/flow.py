@@ -393,6 +393,19 @@ class QueueFlow:
         except KeyError:
             raise IllegalTransition(self.state, event) from None
 
+    def force(self, state: FlowState, now: dt.datetime) -> None:
+        """Take a state decided elsewhere (a cluster's owner), without an
+        event; flowStoppedCount counts each OFF to ON."""
+        if state is self.state:
+            return
+        self.state = state
+        if state is FlowState.ON:
+            self.flow_stopped_count += 1
+            self._stopped_since = now
+        elif self._stopped_since is not None:
+            self._stopped_total += max(now - self._stopped_since, dt.timedelta(0))
+            self._stopped_since = None
+
     def observe(
         self, messages: int, size: int, now: dt.datetime
     ) -> QueueOverfull | QueueUnderfull | None:

@@ -36,6 +36,7 @@ from rabbitflow_broker.engine_io import Hub
 from rabbitflow_broker.events import ALL_QUEUES, Event
 from rabbitflow_broker.flow import (
     DISABLED,
+    FlowState,
     QueueFlow,
     ThresholdError,
     Thresholds,
@@ -93,6 +94,32 @@ class Connection(Protocol):
     def count_unacked(self, into: dict[QueueKey, int]) -> None:
         """Add the deliveries this connection's clients have not acknowledged
         yet, per (vhost, queue), to ``into``."""
+
+
+class ClusterLink(Protocol):
+    """What the hub asks of the cluster member it belongs to (see cluster_node)."""
+
+    #: True while this member owns the cluster's accounting (decides flow).
+    owner: bool
+    #: Queues whose completions are held for want of allowance.
+    held: set[QueueKey]
+    #: Of those, the ones held long enough to flow their channels.
+    flowed: set[QueueKey]
+
+    def published(self, vhost: str, route: Route, size: int, now: float) -> None: ...
+
+    def removed(self, key: QueueKey, messages: int, size: int) -> None: ...
+
+    def flow_changed(self, key: QueueKey, stopped: bool) -> None: ...
+
+    def stops_changed(self) -> None: ...
+
+    def definitions_changed(self, vhost: str) -> None: ...
+
+    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None: ...
+
+
+_NO_HOLDS: set[QueueKey] = set()
 
 
 def _utcnow() -> dt.datetime:
@@ -156,6 +183,19 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         self._changes: Changes | None = None
         #: True while nothing blocks any producer (see :meth:`_update_calm`).
         self.calm = True
+        #: The cluster member this hub belongs to (None: a standalone gateway).
+        self.cluster: ClusterLink | None = None
+        # The cluster's holds (the same set objects for the hub's lifetime,
+        # so the predicates handed to engines read them as they change).
+        self._held: set[QueueKey] = _NO_HOLDS
+        self._flowed: set[QueueKey] = _NO_HOLDS
+
+    def join_cluster(self, cluster: ClusterLink) -> None:
+        """Make this hub a cluster member's: the owner decides every queue's
+        flow, and completions need the member's allowance."""
+        self.cluster = cluster
+        self._held = cluster.held
+        self._flowed = cluster.flowed
 
     # -- connections ---------------------------------------------------------
 
@@ -187,15 +227,22 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route:
         """The queues a publish is enqueued on (empty when the mirror cannot tell)."""
         try:
-            return self.routing.route(vhost, exchange, key, headers)
+            route = self.routing.route(vhost, exchange, key, headers)
         except (RoutingError, FrameError):
             return frozenset()
+        if not route and exchange == "" and self.cluster is not None and key:
+            # Perhaps a queue declared through another member that this one
+            # has not learnt yet: account for it (the owner knows, or finds out).
+            return frozenset((key,))
+        return route
 
     def confirmed(
         self, vhost: str, request: int, args: list[object], reply: Any, last_queue: str
     ) -> None:
         """RabbitMQ confirmed a client's request: follow it in the routing mirror."""
         mirror.apply(self, vhost, request, args, reply, last_queue=last_queue)
+        if self.cluster is not None:
+            self.cluster.definitions_changed(vhost)
 
     def emit(self, event: Event) -> None:
         """Send an event to the sink (console and event log)."""
@@ -382,6 +429,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             raise ThresholdError(camel.get(exc.argument, exc.argument), exc.reason) from None
         self._runtime[key] = thresholds
         self._rethreshold(key)
+        if self.cluster is not None:
+            self.cluster.thresholds_changed(key, thresholds)
         return thresholds
 
     def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
@@ -413,8 +462,10 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
 
     def is_blocked(self, vhost: str, queue: str) -> bool:
         """True while publishes to the queue must not complete."""
+        key = (vhost, queue)
         return (
-            (vhost, queue) in self._stopped
+            key in self._stopped
+            or key in self._held
             or self.vhost_blocked(vhost)
             or self._queue_stopped(vhost, queue)
         )
@@ -424,13 +475,17 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         if self.vhost_blocked(vhost):
             return lambda route: True
         on = self._stopped
+        held = self._held
         stops = self._admin_stops
         stopped = self._queue_stopped
 
         def blocked(route: Route) -> bool:
-            if not on and not stops:
+            if not on and not stops and not held:
                 return False
-            return any((vhost, queue) in on or stopped(vhost, queue) for queue in route)
+            return any(
+                (vhost, queue) in on or (vhost, queue) in held or stopped(vhost, queue)
+                for queue in route
+            )
 
         return blocked
 
@@ -443,8 +498,10 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         """
         found = [ALL_QUEUES] if self.vhost_blocked(vhost) else []
         on = self._stopped
+        flowed = self._flowed
         for queue in sorted(route):
-            if (vhost, queue) in on or self._queue_stopped(vhost, queue):
+            key = (vhost, queue)
+            if key in on or key in flowed or self._queue_stopped(vhost, queue):
                 found.append(queue)
         return found
 
@@ -474,6 +531,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         """
         self._admin_stops[(vhost, queue)] = None
         self.wake(vhost)
+        if self.cluster is not None:
+            self.cluster.stops_changed()
 
     def start_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
         """Lift the administrator stop with exactly these arguments (others stay).
@@ -482,6 +541,15 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         """
         if self._admin_stops.pop((vhost, queue), 0) is None:
             self.wake(vhost)
+            if self.cluster is not None:
+                self.cluster.stops_changed()
+
+    def replace_admin_stops(self, stops: list[tuple[str | None, str | None]]) -> None:
+        """Take the cluster's administrator stops as they are (no broadcast)."""
+        if list(self._admin_stops) == stops:
+            return
+        self._admin_stops = dict.fromkeys(stops)
+        self.wake(None)
 
     def admin_stops(self) -> list[dict[str, str | None]]:
         """Current administrator stops, oldest first."""
@@ -500,6 +568,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         such change passes here: through :meth:`wake` or :meth:`_observe`)."""
         self.calm = not (
             self._stopped
+            or self._held
             or self._admin_stops
             or self._forced_vhosts
             or any(store.state is StoreState.OVERFULL for store in self._stores.values())
@@ -530,14 +599,18 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         depth = self.depth.get(key)
         event = machine.observe(depth.messages, depth.bytes, self._clock())
         t = machine.thresholds
+        cluster = self.cluster
+        decides = cluster is None or cluster.owner
         if machine.stopped:
-            self._stopped.add(key)
-            self.calm = False
+            if decides:
+                self._stopped.add(key)
+                self.calm = False
             depth.hi_messages = depth.hi_bytes = _INF  # publishes keep it ON
             depth.lo_messages = float(t.resume_count) if t.stop_count else _INF
             depth.lo_bytes = float(t.resume_size) if t.stop_size else _INF
         else:
-            self._stopped.discard(key)
+            if decides:
+                self._stopped.discard(key)
             near_count = float(max(t.resume_count, 1)) if t.stop_count else _INF
             near_size = float(max(t.resume_size, 1)) if t.stop_size else _INF
             if depth.messages >= near_count or depth.bytes >= near_size:
@@ -552,14 +625,72 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
                 depth.hi_messages = near_count - 1 if t.stop_count else _INF
                 depth.hi_bytes = near_size - 1 if t.stop_size else _INF
                 depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
-        if event is None:
-            return
+        if event is None or not decides:
+            return  # a cluster member that does not own the accounting: the owner decides
         self._sink(event)
         if not machine.stopped:  # QUE-1004: the vhost's producers may go on
             self.wake(key[0])
         changes = self._pending()
         if changes is not None:
             (changes.went_on if machine.stopped else changes.went_off).add(key)
+        if cluster is not None:
+            cluster.flow_changed(key, machine.stopped)
+
+    # -- cluster -------------------------------------------------------------
+
+    def set_cluster_flow(self, on: set[QueueKey]) -> None:
+        """The owner's ON queues (a member that does not own the accounting):
+        they block as overfull queues do here; the others are freed."""
+        went_on = on - self._stopped
+        went_off = self._stopped - on
+        if not went_on and not went_off:
+            return
+        for key in went_on:
+            self.flow(key).force(FlowState.ON, self._clock())
+            self._stopped.add(key)
+        for key in went_off:
+            machine = self._flows.get(key)
+            if machine is not None:
+                machine.force(FlowState.OFF, self._clock())
+            self._stopped.discard(key)
+        self._update_calm()
+        changes = self._pending()
+        if changes is not None:
+            changes.went_on.update(went_on)
+            changes.went_off.update(went_off)
+            changes.vhosts.update(key[0] for key in went_on | went_off)
+
+    def take_ownership(self) -> None:
+        """This member now owns the accounting: its machines start from the
+        cluster's state as last broadcast, then judge the depth they see."""
+        for key in list(self._flows):
+            self._observe(key)
+
+    def holds_changed(self, vhosts: set[str]) -> None:
+        """The cluster's holds changed in these vhosts: re-check what is held."""
+        self._update_calm()
+        changes = self._pending()
+        if changes is not None:
+            changes.vhosts.update(vhosts)
+
+    def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
+        """Owner: other members enqueued (positive) or removed (negative)
+        messages of the queue."""
+        if messages or size:
+            self.depth.add(key, messages, size, self._monotonic())
+            self._observe(key)
+
+    def flowed_queues(self) -> list[QueueKey]:
+        """Queues overfull (flow ON) as this hub decided or was told."""
+        return sorted(self._stopped)
+
+    def admin_stop_keys(self) -> list[tuple[str | None, str | None]]:
+        """Administrator stops as (vhost, queue) pairs, oldest first."""
+        return list(self._admin_stops)
+
+    def queue_on(self, key: QueueKey) -> bool:
+        """Whether the queue is overfull (flow ON), as this hub knows it."""
+        return key in self._stopped
 
     def hot_queues(self) -> list[QueueKey]:
         """Queues whose depth matters now: flowed (ON) or near their stop
@@ -575,6 +706,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             depth = tracker.add(key, 1, size, now)
             if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
                 self._observe(key)
+        if self.cluster is not None:
+            self.cluster.published(vhost, route, size, now)
 
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
         """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
@@ -582,6 +715,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         depth = self.depth.add(key, -messages, -size, self._monotonic())
         if depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes:
             self._observe(key)
+        if self.cluster is not None:
+            self.cluster.removed(key, messages, size)
 
     def purged(self, vhost: str, queue: str, count: int) -> None:
         """RabbitMQ purged ``count`` ready messages."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import ssl
 import time
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ import tenacity
 from aiohttp import web
 
 from rabbitflow_broker import accel
+from rabbitflow_broker.cluster_node import ClusterNode, member_id
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth_poller import DepthPoll, PassiveDeclarer
 from rabbitflow_broker.depth_source import DepthSources, queue_type
@@ -160,6 +162,47 @@ class GatewayService:
         self.port = 0
         self.tls_port = 0
         self.admin_port = 0
+        self._started_at = time.time()
+        #: This gateway as a cluster member (None: standalone).
+        self.cluster: ClusterNode | None = None
+        if config.cluster:
+            self.cluster = self._cluster_node(config.cluster)
+
+    def _cluster_node(self, name: str) -> ClusterNode:
+        member = member_id()
+        self.sink.gateway = member
+        host, port = self.config.upstream_address
+        user, password = self.config.upstream_credentials
+        node = ClusterNode(
+            self.gateway,
+            name=name,
+            member=member,
+            batch=self.config.cluster_batch,
+            lease=self.config.cluster_lease / 1000,
+            host=host,
+            port=port,
+            user=user,
+            password=password,
+            describe=self._describe_member,
+            refresh_routing=self.refresh_routing,
+        )
+        self.gateway.join_cluster(node)
+        return node
+
+    def _describe_member(self) -> dict[str, Any]:
+        import os
+        import socket
+
+        admin_host = self.config.admin_address[0]
+        listen = self.config.listen_address
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "listen": None if listen is None else f"{listen[0]}:{self.port}",
+            "admin": f"{admin_host}:{self.admin_port}",
+            "connections": len(self.gateway.connections),
+            "since": dt.datetime.fromtimestamp(self._started_at, dt.UTC).isoformat(),
+        }
 
     async def start(self) -> None:
         """Open the listeners and the admin API at once; load state in the background.
@@ -178,6 +221,8 @@ class GatewayService:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(loop_exception_handler)
         self._tasks = [asyncio.create_task(self._become_ready(), name="start-up")]
+        if self.cluster is not None:
+            await self.cluster.start()
         # A healthy RabbitMQ answers within this grace: clients then never
         # meet the not-ready window.  A silent one cannot hold the listener
         # back beyond it.
@@ -320,6 +365,8 @@ class GatewayService:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 2)
         await self.depth_poll.close()
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self._admin is not None:
             await self._admin.cleanup()
         await self.management.close()

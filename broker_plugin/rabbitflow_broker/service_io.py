@@ -100,9 +100,13 @@ class EventSink:
         self._clock = clock
         self._opened_at = 0.0
         self._size = 0
+        #: The cluster member id, added to every record as ``gateway`` (None: none).
+        self.gateway: str | None = None
 
     def __call__(self, event: Event) -> None:
         record = event.to_record()
+        if self.gateway is not None:
+            record["gateway"] = self.gateway
         _events_log.info(event.line(), code=event.code)
         if self._path is not None:
             text = json.dumps(record, default=str) + "\n"

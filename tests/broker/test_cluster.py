@@ -36,7 +36,9 @@ def test_the_owner_tops_a_member_up_to_one_batch() -> None:
     assert first is not None
     assert first.amount == 10
     # 4 used and reported with the next request: 6 still held, 4 granted.
-    second, _ = owner.request(Request("m1", Q, 0.1, (Report("m1", Q, 1, 4, 0),)), now=0.1)
+    second, _ = owner.request(
+        Request("m1", Q, 0.1, (Report("m1", Q, first.grant_id, 4, 0),)), now=0.1
+    )
     assert second is not None
     assert second.amount == 4
     assert owner.outstanding == 10

@@ -1,0 +1,331 @@
+"""The cluster's control bus: one AMQP connection of a member to RabbitMQ (asyncio).
+
+Everything the members say to each other goes through RabbitMQ, under
+``rabbitflow.cluster.NAME`` in the ``/`` virtual host:
+
+* the exchange ``rabbitflow.cluster.NAME`` (direct): each member's own
+  queue ``rabbitflow.cluster.NAME.member.ID`` (exclusive: it goes with the
+  member's connection) is bound with the member's id and with ``all``;
+* the quorum queue ``rabbitflow.cluster.NAME.owner`` with
+  ``x-single-active-consumer``: every member consumes it and RabbitMQ
+  delivers to one at a time.  The member that receives from it is the
+  *owner*; when its connection ends, RabbitMQ hands the queue to another.
+  Every member publishes its heartbeat there (and requests, while it does
+  not know the owner yet), so the active consumer learns at once that it
+  is the owner.  Messages in it expire after one lease.
+
+Messages are small JSON objects (``{"t": type, ...}``).  The connection
+negotiates AMQP heartbeats of a quarter lease, so RabbitMQ ends the
+connection of a member that stops answering (``SIGSTOP``, a cut cable)
+after about half a lease and moves the owner queue on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from pamqp import body, commands, frame, header, heartbeat
+from pamqp.base import Frame
+
+__all__ = ["BusError", "ControlBus"]
+
+_log = structlog.get_logger("rabbitflow.broker")
+_FRAME_END = 0xCE
+_CHANNEL = 1
+_OWNER_TAG = "owner"
+_MEMBER_TAG = "member"
+
+
+class BusError(Exception):
+    """The control bus connection failed or RabbitMQ refused it."""
+
+
+class ControlBus:
+    """One member's connection to the control bus.
+
+    ``on_message(message, to_owner)`` is called for every message received,
+    with ``to_owner`` True for those taken from the owner queue (which makes
+    this member the owner).  ``on_lost()`` is called once when an open
+    connection ends.
+    """
+
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        member: str,
+        host: str,
+        port: int,
+        user: str,
+        password: str,
+        lease: float,
+        on_message: Callable[[dict[str, Any], bool], None],
+        on_lost: Callable[[], None],
+        connect_timeout: float = 5.0,
+    ) -> None:
+        self.cluster = cluster
+        self.member = member
+        self.exchange = f"rabbitflow.cluster.{cluster}"
+        self.owner_queue = f"{self.exchange}.owner"
+        self.member_queue = f"{self.exchange}.member.{member}"
+        self._address = (host, port)
+        self._credentials = (user, password)
+        self._lease = lease
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._timeout = connect_timeout
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Messages sent and received (control traffic, for the admin API and benches).
+        self.sent = 0
+        self.received = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None
+
+    # -- connection --------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the connection, declare the topology and start consuming.
+
+        Raises:
+            BusError: RabbitMQ is unreachable or refused something.
+        """
+        try:
+            await asyncio.wait_for(self._connect(), self._timeout)
+        except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            self._drop()
+            raise BusError(
+                f"cluster bus at {self._address[0]}:{self._address[1]}: {exc!r}"
+            ) from exc
+        except BusError:
+            self._drop()
+            raise
+        beat = max(1, round(self._lease / 4))
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name="cluster-bus-read"),
+            asyncio.create_task(self._heartbeat_loop(beat), name="cluster-bus-heartbeat"),
+        ]
+
+    async def _connect(self) -> None:
+        host, port = self._address
+        self._reader, self._writer = await asyncio.open_connection(host, port)
+        writer = self._writer
+        writer.write(header.ProtocolHeader().marshal())
+        start = await self._method(0)
+        if not isinstance(start, commands.Connection.Start):
+            raise BusError(f"RabbitMQ did not start the connection: {start!r}")
+        user, password = self._credentials
+        writer.write(
+            frame.marshal(
+                commands.Connection.StartOk(
+                    client_properties={
+                        "product": "rabbitflow-gateway",
+                        "connection_name": f"rabbitflow cluster {self.cluster} "
+                        f"member {self.member}",
+                    },
+                    mechanism="PLAIN",
+                    response=f"\0{user}\0{password}",
+                ),
+                0,
+            )
+        )
+        tune = await self._method(0)
+        if not isinstance(tune, commands.Connection.Tune):
+            raise BusError(f"RabbitMQ refused the cluster bus login: {tune!r}")
+        beat = max(1, round(self._lease / 4))
+        writer.write(
+            frame.marshal(
+                commands.Connection.TuneOk(
+                    channel_max=tune.channel_max,
+                    frame_max=min(tune.frame_max or 131072, 131072),
+                    heartbeat=beat,
+                ),
+                0,
+            )
+        )
+        writer.write(frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
+        await self._expect(0, commands.Connection.OpenOk, "vhost /")
+        writer.write(frame.marshal(commands.Channel.Open(), _CHANNEL))
+        await self._expect(_CHANNEL, commands.Channel.OpenOk, "a channel")
+        writer.write(
+            frame.marshal(
+                commands.Exchange.Declare(exchange=self.exchange, exchange_type="direct"),
+                _CHANNEL,
+            )
+        )
+        await self._expect(_CHANNEL, commands.Exchange.DeclareOk, self.exchange)
+        writer.write(
+            frame.marshal(
+                commands.Queue.Declare(
+                    queue=self.owner_queue,
+                    durable=True,
+                    arguments={
+                        "x-queue-type": "quorum",
+                        "x-single-active-consumer": True,
+                        "x-message-ttl": max(1, int(self._lease * 1000)),
+                    },
+                ),
+                _CHANNEL,
+            )
+        )
+        await self._expect(_CHANNEL, commands.Queue.DeclareOk, self.owner_queue)
+        writer.write(
+            frame.marshal(
+                commands.Queue.Declare(queue=self.member_queue, exclusive=True, auto_delete=True),
+                _CHANNEL,
+            )
+        )
+        await self._expect(_CHANNEL, commands.Queue.DeclareOk, self.member_queue)
+        for key in (self.member, "all"):
+            writer.write(
+                frame.marshal(
+                    commands.Queue.Bind(
+                        queue=self.member_queue, exchange=self.exchange, routing_key=key
+                    ),
+                    _CHANNEL,
+                )
+            )
+            await self._expect(_CHANNEL, commands.Queue.BindOk, f"binding {key}")
+        for queue, tag in ((self.member_queue, _MEMBER_TAG), (self.owner_queue, _OWNER_TAG)):
+            writer.write(
+                frame.marshal(
+                    commands.Basic.Consume(queue=queue, consumer_tag=tag, no_ack=True), _CHANNEL
+                )
+            )
+            await self._expect(_CHANNEL, commands.Basic.ConsumeOk, f"consuming {queue}")
+
+    async def _expect(self, channel: int, kind: type[Frame], what: str) -> None:
+        reply = await self._method(channel)
+        if not isinstance(reply, kind):
+            raise BusError(f"RabbitMQ refused {what}: {reply!r}")
+
+    async def _read(self) -> tuple[int, Any]:
+        reader = self._reader
+        assert reader is not None
+        head = await reader.readexactly(7)
+        _kind, _number, size = struct.unpack(">BHI", head)
+        rest = await reader.readexactly(size + 1)
+        if rest[-1] != _FRAME_END:
+            raise BusError("malformed frame from RabbitMQ")
+        _, number, value = frame.unmarshal(head + rest)
+        if isinstance(value, commands.Connection.Close):
+            raise BusError(
+                f"RabbitMQ closed the cluster bus: {value.reply_code} {value.reply_text}"
+            )
+        if isinstance(value, commands.Channel.Close):
+            raise BusError(
+                f"RabbitMQ closed the bus channel: {value.reply_code} {value.reply_text}"
+            )
+        return number, value
+
+    async def _method(self, channel: int) -> Frame:
+        while True:
+            number, value = await self._read()
+            if number == channel and isinstance(value, Frame):
+                return value
+
+    async def _read_loop(self) -> None:
+        tag = ""
+        size = 0
+        chunks: list[bytes] = []
+        try:
+            while True:
+                _number, value = await self._read()
+                if isinstance(value, commands.Basic.Deliver):
+                    tag = value.consumer_tag or ""
+                    chunks = []
+                elif isinstance(value, header.ContentHeader):
+                    size = value.body_size
+                    if size == 0:
+                        self._deliver(tag, b"")
+                elif isinstance(value, body.ContentBody):
+                    chunks.append(value.value)
+                    data = b"".join(chunks)
+                    if len(data) >= size:
+                        chunks = []
+                        self._deliver(tag, data)
+                    else:
+                        chunks = [data]
+        except asyncio.CancelledError:
+            raise
+        except (OSError, EOFError, BusError, asyncio.IncompleteReadError) as exc:
+            _log.warning("cluster bus lost", cluster=self.cluster, error=str(exc) or repr(exc))
+        self._drop()
+        self._on_lost()
+
+    def _deliver(self, tag: str, data: bytes) -> None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            _log.warning("cluster bus message ignored: not JSON", size=len(data))
+            return
+        if not isinstance(message, dict):
+            return
+        self.received += 1
+        self._on_message(message, tag == _OWNER_TAG)
+
+    async def _heartbeat_loop(self, beat: int) -> None:
+        beat_frame = frame.marshal(heartbeat.Heartbeat(), 0)
+        while self._writer is not None:
+            await asyncio.sleep(beat)
+            writer = self._writer
+            if writer is not None:
+                with contextlib.suppress(OSError, RuntimeError):
+                    writer.write(beat_frame)
+
+    # -- sending -----------------------------------------------------------------
+
+    def send(self, message: dict[str, Any], *, to: str) -> bool:
+        """Publish ``message`` to a member's id, ``all``, or (``to="owner"``)
+        the owner queue; False when the bus is down (nothing is queued)."""
+        writer = self._writer
+        if writer is None:
+            return False
+        data = json.dumps(message, separators=(",", ":")).encode()
+        if to == "owner":
+            publish = commands.Basic.Publish(exchange="", routing_key=self.owner_queue)
+        else:
+            publish = commands.Basic.Publish(exchange=self.exchange, routing_key=to)
+        try:
+            writer.write(
+                frame.marshal(publish, _CHANNEL)
+                + frame.marshal(
+                    header.ContentHeader(0, len(data), commands.Basic.Properties()), _CHANNEL
+                )
+                + frame.marshal(body.ContentBody(data), _CHANNEL)
+            )
+        except (OSError, RuntimeError):
+            return False
+        self.sent += 1
+        return True
+
+    async def close(self) -> None:
+        """Leave the bus (RabbitMQ then moves the owner queue to another member)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        writer = self._writer
+        if writer is None:
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            writer.write(frame.marshal(commands.Connection.Close(200, "member leaving", 0, 0), 0))
+        self._drop()
+        with contextlib.suppress(OSError, RuntimeError, asyncio.CancelledError):
+            await writer.wait_closed()
+
+    def _drop(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,516 @@
+"""A gateway as a member of a cluster (asyncio): the hub's books on the bus.
+
+:class:`ClusterNode` is the hub's :class:`~rabbitflow_broker.gateway.ClusterLink`.
+Per publish it only asks the :class:`~rabbitflow_broker.cluster_book.MemberBook`
+(no I/O); every :data:`TICK_S` it sends what the book wants to say (requests
+carrying reports: at most one per half batch per queue), and while it owns
+the accounting it answers requests, expires grants and broadcasts the
+cluster's state.  See ``docs/cluster.md`` for the design and its bound.
+
+Messages (JSON, ``t`` is the type):
+
+========  ===================  =================================================
+``t``     to                   what
+========  ===================  =================================================
+hello     owner queue, all     a member's heartbeat and description
+req       owner                allowance request (``a``: asked at), with reports
+rep       owner                reports only
+grant     the member           a grant
+free      the member           the queue has no thresholds: no allowance needed
+state     all                  owner, epoch, ON queues, administrator stops
+stops     all                  administrator stops changed on a member
+thr       all                  runtime thresholds set on a member
+========  ===================  =================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+
+from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Report, Request
+from rabbitflow_broker.cluster_book import MemberBook, OwnerBook, QueueKey
+from rabbitflow_broker.cluster_bus import BusError, ControlBus
+from rabbitflow_broker.confirms import Route
+from rabbitflow_broker.flow import Thresholds
+
+if TYPE_CHECKING:
+    from rabbitflow_broker.gateway import Gateway
+
+__all__ = ["ClusterNode", "member_id"]
+
+_log = structlog.get_logger("rabbitflow.broker")
+
+#: Seconds between the node's rounds (requests out, holds promoted).
+TICK_S: Final = 0.02
+#: Seconds between broadcasts of the owner's state (also sent on each change).
+STATE_EVERY_S: Final = 0.5
+#: At most one "definitions changed" notice per this many seconds.
+DEFS_DEBOUNCE_S: Final = 0.05
+
+
+def member_id() -> str:
+    """A member id unique across restarts: host, pid and a random suffix."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+class ClusterNode:
+    """One member: its allowances, and the owner's duties while it owns them."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        name: str,
+        member: str,
+        batch: int,
+        lease: float,
+        host: str,
+        port: int,
+        user: str,
+        password: str,
+        describe: Callable[[], dict[str, Any]],
+        refresh_routing: Callable[[], Awaitable[bool]],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gateway = gateway
+        self.name = name
+        self.member = member
+        self.batch = batch
+        self.lease = lease
+        self._monotonic = monotonic
+        self.book = MemberBook(member, batch, lease)
+        self.held = self.book.held
+        self.flowed = self.book.flowed
+        self.owner = False
+        self.owner_book: OwnerBook | None = None
+        #: The owner's id as last broadcast (None: not known).
+        self.owner_id: str | None = None
+        self.epoch = 0
+        self._describe = describe
+        self._refresh_routing = refresh_routing
+        self._refreshing: asyncio.Task[None] | None = None
+        self._waiting: list[dict[str, Any]] = []
+        #: Members heard from: id -> (description, monotonic time).
+        self.members: dict[str, tuple[dict[str, Any], float]] = {}
+        self._state_sent = -math.inf
+        self._hello_sent = -math.inf
+        self._stops_seen = False
+        self._kicked = False
+        self._refresh_again = False
+        self._defs_sent = -math.inf
+        self._defs_pending = False
+        self.bus = ControlBus(
+            cluster=name,
+            member=member,
+            host=host,
+            port=port,
+            user=user,
+            password=password,
+            lease=lease,
+            on_message=self._received,
+            on_lost=self._lost,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- the hub's side (ClusterLink) ------------------------------------------------
+
+    def published(self, vhost: str, route: Route, size: int, now: float) -> None:
+        book = self.book
+        held = book.held
+        for queue in route:
+            key = (vhost, queue)
+            if key in held:
+                book.publish(key, size, now)
+            elif not book.publish(key, size, now):
+                self.gateway.calm = False
+                self._kick()
+
+    def _kick(self) -> None:
+        """A new hold: ask at once rather than at the next round."""
+        if self._kicked:
+            return
+        self._kicked = True
+        try:
+            asyncio.get_running_loop().call_soon(self._kicked_round)
+        except RuntimeError:
+            self._kicked = False
+
+    def _kicked_round(self) -> None:
+        self._kicked = False
+        now = self._monotonic()
+        for request in self.book.requests(now):
+            self._send_request(request)
+
+    def removed(self, key: QueueKey, messages: int, size: int) -> None:
+        self.book.removed(key, messages, size)
+
+    def flow_changed(self, key: QueueKey, stopped: bool) -> None:
+        self.book.flow(key, FlowUpdate(_name(key), Flow.ON if stopped else Flow.OFF, self.epoch))
+        self._broadcast_state(self._monotonic())
+
+    def stops_changed(self) -> None:
+        stops = [list(stop) for stop in self.gateway.admin_stop_keys()]
+        self.bus.send({"t": "stops", "m": self.member, "stops": stops}, to="all")
+
+    def definitions_changed(self, vhost: str) -> None:
+        """A declare, bind or delete went through here: the others refresh."""
+        now = self._monotonic()
+        if now - self._defs_sent < DEFS_DEBOUNCE_S:
+            self._defs_pending = True
+            return
+        self._defs_sent = now
+        self._defs_pending = False
+        self.bus.send({"t": "defs", "m": self.member, "v": vhost}, to="all")
+
+    def _refresh_soon(self) -> None:
+        """Learn the definitions from RabbitMQ (one refresh at a time; one more
+        after it when asked meanwhile)."""
+        if self._refreshing is not None and not self._refreshing.done():
+            self._refresh_again = True
+            return
+
+        async def refresh() -> None:
+            while True:
+                self._refresh_again = False
+                await self._refresh_routing()
+                waiting, self._waiting = self._waiting, []
+                for waited in waiting:
+                    key = (str(waited["v"]), str(waited["q"]))
+                    if not self.gateway.knows_queue(*key):
+                        self._reply(str(waited["m"]), {"t": "free", "v": key[0], "q": key[1]})
+                    else:
+                        self._owner_request(waited)
+                if not self._refresh_again:
+                    return
+
+        self._refreshing = asyncio.get_running_loop().create_task(refresh())
+
+    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
+        self.bus.send(
+            {
+                "t": "thr",
+                "m": self.member,
+                "v": key[0],
+                "q": key[1],
+                "th": [
+                    thresholds.stop_count,
+                    thresholds.resume_count,
+                    thresholds.stop_size,
+                    thresholds.resume_size,
+                ],
+            },
+            to="all",
+        )
+
+    # -- running ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the bus (retrying in the background) and the rounds."""
+        self._tasks = [
+            asyncio.create_task(self._connect_loop(), name="cluster-connect"),
+            asyncio.create_task(self._tick_loop(), name="cluster-tick"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.bus.close()
+
+    async def _connect_loop(self) -> None:
+        delay = 0.2
+        while True:
+            if not self.bus.connected:
+                try:
+                    await self.bus.connect()
+                    _log.info("cluster bus connected", cluster=self.name, member=self.member)
+                    delay = 0.2
+                except BusError as exc:
+                    _log.warning("cluster bus not connected", cluster=self.name, error=str(exc))
+                    delay = min(delay * 2, 5.0)
+            await asyncio.sleep(delay)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick(self._monotonic())
+            except Exception:  # one bad round must not end the member's duties
+                _log.exception("cluster round failed", cluster=self.name)
+
+    def tick(self, now: float) -> None:
+        """One round: holds promoted, requests out, the owner's duties."""
+        if self._defs_pending and now - self._defs_sent >= DEFS_DEBOUNCE_S:
+            self.definitions_changed("")
+        promoted = self.book.tick(now)
+        if promoted:
+            self.gateway.holds_changed({key[0] for key in promoted})
+        if now - self._hello_sent >= self.lease / 4:
+            self._hello_sent = now
+            hello = {"t": "hello", "m": self.member, "e": self.book.epoch, **self._describe()}
+            self.bus.send(hello, to="owner")
+            self.bus.send(hello, to="all")
+        for request in self.book.requests(now):
+            self._send_request(request)
+        owner = self.owner_book
+        if owner is not None:
+            for key, expired in owner.expire(now).items():
+                # Unreported grants count as enqueued until RabbitMQ's count says otherwise.
+                self.gateway.remote_depth(key, expired, 0)
+            if now - self._state_sent >= STATE_EVERY_S:
+                self._broadcast_state(now)
+
+    def _send_request(self, request: Request) -> None:
+        vhost, queue = _key(request.queue)
+        message: dict[str, Any] = {
+            "t": "rep" if math.isnan(request.asked_at) else "req",
+            "m": self.member,
+            "v": vhost,
+            "q": queue,
+            "a": None if math.isnan(request.asked_at) else request.asked_at,
+            "r": [
+                [r.grant_id, r.used, r.removed, r.returned, r.used_bytes, r.removed_bytes]
+                for r in request.reports
+            ],
+        }
+        if self.owner:
+            self._owner_request(message)
+        elif self.owner_id is not None:
+            self.bus.send(message, to=self.owner_id)
+        else:
+            self.bus.send(message, to="owner")
+
+    # -- messages -----------------------------------------------------------------
+
+    def _received(self, message: dict[str, Any], to_owner: bool) -> None:
+        try:
+            self._dispatch(message, to_owner)
+        except (KeyError, TypeError, ValueError) as exc:
+            _log.warning("cluster message ignored", error=repr(exc), type=message.get("t"))
+
+    def _dispatch(self, message: dict[str, Any], to_owner: bool) -> None:
+        kind = message["t"]
+        now = self._monotonic()
+        if to_owner and not self.owner:
+            self._become_owner(now)
+        if kind == "hello":
+            if not to_owner:
+                self.members[str(message["m"])] = (message, now)
+        elif kind in ("req", "rep"):
+            if self.owner:
+                self._owner_request(message)
+        elif kind == "grant":
+            self._granted(message, now)
+        elif kind == "free":
+            key = (str(message["v"]), str(message["q"]))
+            if self.book.free(key, now):
+                self.gateway.holds_changed({key[0]})
+        elif kind == "state":
+            self._state(message, now)
+        elif kind == "defs":
+            if message["m"] != self.member:
+                self._refresh_soon()
+        elif kind == "stops":
+            if message["m"] != self.member:
+                self._apply_stops(message["stops"])
+        elif kind == "thr" and message["m"] != self.member:
+            key = (str(message["v"]), str(message["q"]))
+            stop_count, resume_count, stop_size, resume_size = message["th"]
+            self.gateway.load_runtime_thresholds(
+                {
+                    key: Thresholds(
+                        stop_count=stop_count,
+                        resume_count=resume_count,
+                        stop_size=stop_size,
+                        resume_size=resume_size,
+                    )
+                }
+            )
+            self.book.governed(key)
+
+    def _apply_stops(self, stops: list[list[str | None]]) -> None:
+        self._stops_seen = True
+        self.gateway.replace_admin_stops([(stop[0], stop[1]) for stop in stops])
+
+    def _granted(self, message: dict[str, Any], now: float) -> None:
+        key = (str(message["v"]), str(message["q"]))
+        grant = Grant(
+            self.member,
+            _name(key),
+            int(message["g"]),
+            int(message["n"]),
+            float(message["a"]),
+            int(message["e"]),
+        )
+        if self.book.granted(key, grant, now):
+            self.gateway.holds_changed({key[0]})
+
+    def _state(self, message: dict[str, Any], now: float) -> None:
+        epoch = int(message["e"])
+        sender = str(message["m"])
+        if epoch < self.epoch:
+            return
+        if self.owner and sender != self.member:
+            _log.warning("cluster owner replaced", cluster=self.name, by=sender, epoch=epoch)
+            self._step_down()
+        self.epoch = epoch
+        self.owner_id = sender
+        if sender == self.member:
+            return
+        on = {(str(v), str(q)) for v, q in message["on"]}
+        for key in set(self.book.queues) | on:
+            flow = Flow.ON if key in on else Flow.OFF
+            self.book.flow(key, FlowUpdate(_name(key), flow, epoch))
+        self.gateway.set_cluster_flow(on)
+        if not self._stops_seen:
+            self._apply_stops(message["stops"])
+
+    # -- the owner's duties -----------------------------------------------------------
+
+    def _become_owner(self, now: float) -> None:
+        # Epochs only rise; a new owner grants nothing for one lease
+        # (OwnerBook's ledgers start at ``now``), so every grant of its
+        # predecessor has expired first.
+        self.epoch = max(self.epoch, self.book.epoch) + 1
+        self.owner = True
+        self.owner_id = self.member
+        self.owner_book = OwnerBook(self.member, self.batch, self.lease, self.epoch, now)
+        self.gateway.take_ownership()
+        _log.info("cluster owner", cluster=self.name, member=self.member, epoch=self.epoch)
+        self._broadcast_state(now)
+
+    def _step_down(self) -> None:
+        self.owner = False
+        self.owner_book = None
+
+    def _lost(self) -> None:
+        if self.owner:
+            _log.warning("cluster ownership lost with the bus", cluster=self.name)
+        self._step_down()
+        self.owner_id = None
+
+    def _broadcast_state(self, now: float) -> None:
+        if not self.owner:
+            return
+        self._state_sent = now
+        gateway = self.gateway
+        self.bus.send(
+            {
+                "t": "state",
+                "m": self.member,
+                "e": self.epoch,
+                "on": [list(key) for key in gateway.flowed_queues()],
+                "stops": [list(stop) for stop in gateway.admin_stop_keys()],
+            },
+            to="all",
+        )
+
+    def _owner_request(self, message: dict[str, Any]) -> None:
+        owner = self.owner_book
+        if owner is None:
+            return
+        gateway = self.gateway
+        key = (str(message["v"]), str(message["q"]))
+        member = str(message["m"])
+        used = used_bytes = removed = removed_bytes = 0
+        for grant_id, r_used, r_removed, returned, r_used_bytes, r_removed_bytes in message["r"]:
+            report = Report(
+                member, _name(key), int(grant_id), int(r_used), int(r_removed), bool(returned)
+            )
+            if int(grant_id) >> 32 == owner.epoch:
+                counted = owner.settle(key, report)
+            else:
+                counted = int(r_used)  # a predecessor's grant: its use is real
+            used += counted
+            if counted:
+                used_bytes += int(r_used_bytes) * counted // max(int(r_used), 1)
+            removed += int(r_removed)
+            removed_bytes += int(r_removed_bytes)
+        if member != self.member:
+            # This member's own publishes and removals are counted as they happen.
+            gateway.remote_depth(key, used - removed, used_bytes - removed_bytes)
+        if message["t"] != "req":
+            return
+        if not gateway.knows_queue(*key):
+            self._after_refresh(message)
+            return
+        thresholds = gateway.flow(key).thresholds
+        if not (thresholds.stop_count or thresholds.stop_size):
+            self._reply(member, {"t": "free", "v": key[0], "q": key[1]})
+            return
+        request = Request(member, _name(key), float(message["a"]))
+        grant = owner.grant(key, request, self._monotonic(), on=gateway.queue_on(key))
+        if grant is not None:
+            self._reply(
+                member,
+                {
+                    "t": "grant",
+                    "v": key[0],
+                    "q": key[1],
+                    "g": grant.grant_id,
+                    "n": grant.amount,
+                    "a": grant.asked_at,
+                    "e": grant.epoch,
+                },
+            )
+
+    def _reply(self, member: str, message: dict[str, Any]) -> None:
+        if member == self.member:
+            self._dispatch(message, False)
+        else:
+            self.bus.send(message, to=member)
+
+    def _after_refresh(self, message: dict[str, Any]) -> None:
+        """A request for a queue the owner does not know: learn the
+        definitions from RabbitMQ first (one refresh for all waiting)."""
+        self._waiting.append({**message, "r": []})  # its reports are counted already
+        self._refresh_soon()
+
+    # -- views ----------------------------------------------------------------------
+
+    def view(self) -> dict[str, Any]:
+        """The cluster as this member sees it (``GET /api/cluster``)."""
+        now = self._monotonic()
+        alive = 3 * self.lease
+        members = [
+            {
+                "id": member,
+                **{k: v for k, v in info.items() if k not in ("t", "m", "e")},
+                "lastSeenMs": round((now - seen) * 1000),
+            }
+            for member, (info, seen) in sorted(self.members.items())
+            if now - seen <= alive
+        ]
+        return {
+            "name": self.name,
+            "member": self.member,
+            "owner": self.owner_id,
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "leaseMs": round(self.lease * 1000),
+            "busConnected": self.bus.connected,
+            "controlMessages": {"sent": self.bus.sent, "received": self.bus.received},
+            "members": members,
+            "allowances": self.book.describe(now),
+        }
+
+
+def _name(key: QueueKey) -> str:
+    return f"{key[0]}\x00{key[1]}"
+
+
+def _key(name: str) -> QueueKey:
+    vhost, _, queue = name.partition("\x00")
+    return vhost, queue

@@ -1,0 +1,261 @@
+"""Three gateways, one flow state: the bound holds whichever member producers use.
+
+Each member is its own ``rabbitflow-broker --cluster NAME`` process in front
+of the shared RabbitMQ; the queue's depth is sampled from RabbitMQ itself.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pika
+import pytest
+
+from integration.broker._depth import DepthWatcher
+from integration.broker._producers import WindowProducer
+from integration.broker.conftest import wait_for
+from integration.cluster._members import Member
+from integration.conftest import Broker
+
+STOP, RESUME = 300, 150
+BATCH = 20
+LEASE_MS = 1000
+CAPACITY = 10
+PRODUCERS_PER_MEMBER = 2
+
+
+class SlowConsumer(threading.Thread):
+    """Consumes straight from RabbitMQ, acking one message every ``pause`` seconds."""
+
+    def __init__(self, broker: Broker, queue: str, pause: float) -> None:
+        super().__init__(daemon=True)
+        self.broker, self.queue, self.pause = broker, queue, pause
+        self.bodies: list[bytes] = []
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            connection = self.broker.blocking_connection()
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=1)
+            for method, _props, body in channel.consume(self.queue, inactivity_timeout=0.05):
+                if method is not None:
+                    self.bodies.append(body)
+                    channel.basic_ack(method.delivery_tag)
+                    time.sleep(self.pause)
+                if self.halt.is_set():
+                    break
+            channel.cancel()
+            connection.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+def _ready_cluster(members: list[Member]) -> str:
+    """Wait until every member sees all of them and one owner; return the owner id."""
+
+    def agreed() -> str | None:
+        views = [m.cluster_view() for m in members]
+        owners = {v["owner"] for v in views}
+        if (
+            len(owners) == 1
+            and None not in owners
+            and all(len(v["members"]) == len(members) for v in views)
+        ):
+            return str(owners.pop())
+        return None
+
+    return wait_for(agreed, timeout=30, interval=0.1, what="one owner seen by every member")
+
+
+def _declare(member: Member, queue: str) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(member.url))
+    try:
+        connection.channel().queue_declare(
+            queue,
+            arguments={"qpid.flow_stop_count": STOP, "qpid.flow_resume_count": RESUME},
+        )
+    finally:
+        connection.close()
+
+
+def _run_producers(members: list[Member], queue: str) -> list[WindowProducer]:
+    producers = [
+        WindowProducer(m.url, queue, pid=f"{m.index}.{i}", count=None, capacity=CAPACITY)
+        for m in members
+        for i in range(PRODUCERS_PER_MEMBER)
+    ]
+    for producer in producers:
+        producer.start()
+    return producers
+
+
+def _flow_stopped_everywhere(members: list[Member], queue: str, stopped: bool) -> bool:
+    return all(
+        m.http("GET", f"/api/queues/%2F/{queue}")[1].get("flowStopped") is stopped for m in members
+    )
+
+
+def _check(producers: list[WindowProducer]) -> None:
+    for producer in producers:
+        assert producer.error is None, f"producer {producer.pid}: {producer.error!r}"
+
+
+def _finish(producers: list[WindowProducer]) -> None:
+    for producer in producers:
+        producer.stop()
+    for producer in producers:
+        assert producer.done.wait(20), f"producer {producer.pid} did not stop"
+        assert producer.error is None, f"producer {producer.pid}: {producer.error!r}"
+
+
+def _owner(members: list[Member], owner_id: str) -> Member:
+    for member in members:
+        if member.cluster_view()["member"] == owner_id:
+            return member
+    raise AssertionError(f"no member is {owner_id}")
+
+
+@pytest.mark.slow
+def test_declared_through_one_member_governed_on_all_and_bound_holds(
+    broker: Broker,
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
+    owner_id = _ready_cluster(members)
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(members[0], queue)  # the others learn it from the cluster
+    watcher = DepthWatcher(broker, queue)
+    watcher.start()
+    producers = _run_producers(members, queue)
+    consumer = SlowConsumer(broker, queue, pause=0.004)
+    try:
+        # The queue is overfull on every member, whichever one declared it.
+        wait_for(
+            lambda: _flow_stopped_everywhere(members, queue, True),
+            timeout=30,
+            what="flowStopped on every member",
+        )
+        _check(producers)
+        marks = {p.pid: p.confirmed for p in producers}
+        consumer.start()
+        # The consumer drains below resume: released everywhere, every producer goes on.
+        wait_for(
+            lambda: all(p.confirmed > marks[p.pid] + CAPACITY for p in producers),
+            timeout=30,
+            what="every producer confirmed again after the release",
+        )
+        _check(producers)
+    finally:
+        _finish(producers)
+        consumer.halt.set()
+        consumer.join(10)
+    peak = watcher.finish()
+    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
+    assert peak <= bound, f"peak depth {peak} over stop + sum(c) + M x batch = {bound}"
+    assert peak > STOP, f"the queue never reached its stop threshold ({peak})"
+    # Each transition was logged once in the cluster, by the owner, with its id.
+    overfull = [e for m in members for e in m.events("QUE-1003") if e.get("queue") == queue]
+    underfull = [e for m in members for e in m.events("QUE-1004") if e.get("queue") == queue]
+    assert overfull, "no QUE-1003 logged"
+    assert {e["gateway"] for e in overfull + underfull} == {owner_id}
+    assert len(overfull) - len(underfull) in (0, 1), (len(overfull), len(underfull))
+
+
+@pytest.mark.slow
+def test_owner_killed_bound_holds_and_producers_resume_within_lease(
+    broker: Broker,
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
+    owner_id = _ready_cluster(members)
+    owner = _owner(members, owner_id)
+    others = [m for m in members if m is not owner]
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(others[0], queue)
+    watcher = DepthWatcher(broker, queue)
+    watcher.start()
+    consumer = SlowConsumer(broker, queue, pause=0.002)
+    consumer.start()
+    producers = _run_producers(others, queue)
+    try:
+        wait_for(lambda: all(p.confirmed > 50 for p in producers), timeout=30, what="flowing")
+        owner.kill()
+        killed_at = time.monotonic()
+        before = {p.pid: p.confirmed for p in producers}
+        # A new owner (one of the others) takes over and grants after one lease.
+        wait_for(
+            lambda: all(p.confirmed > before[p.pid] + 20 for p in producers),
+            timeout=30,
+            what="producers confirmed again after the owner's death",
+        )
+        resumed_after = time.monotonic() - killed_at
+        views = [m.cluster_view() for m in others]
+        assert {v["owner"] for v in views} - {owner_id}, views
+    finally:
+        _finish(producers)
+        consumer.halt.set()
+        consumer.join(10)
+    peak = watcher.finish()
+    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
+    assert peak <= bound, f"peak depth {peak} over {bound}"
+    assert resumed_after <= LEASE_MS / 1000 + 2, f"resumed {resumed_after:.2f} s after the kill"
+
+
+@pytest.mark.slow
+def test_stopped_member_holds_completions_and_rejoins(
+    broker: Broker,
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
+    owner_id = _ready_cluster(members)
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(members[0], queue)
+    watcher = DepthWatcher(broker, queue)
+    watcher.start()
+    consumer = SlowConsumer(broker, queue, pause=0.004)
+    consumer.start()
+    producers = _run_producers(members, queue)
+    frozen = members[1] if members[1].cluster_view()["member"] != owner_id else members[2]
+    frozen_id = frozen.cluster_view()["member"]
+    try:
+        wait_for(lambda: all(p.confirmed > 50 for p in producers), timeout=30, what="flowing")
+        frozen.signal(signal.SIGSTOP)
+        time.sleep(5)  # the scenario itself: a member frozen for 5 s
+        frozen.signal(signal.SIGCONT)
+        # It comes back to the cluster (a new bus connection) and its producers go on.
+        wait_for(
+            lambda: (
+                frozen_id
+                in {m["id"] for m in members[0].cluster_view()["members"] if m["lastSeenMs"] < 1000}
+            ),
+            timeout=20,
+            what="the frozen member seen again",
+        )
+        mine = [p for p in producers if p.pid.startswith(f"{frozen.index}.")]
+        marks = {p.pid: p.confirmed for p in mine}
+        wait_for(
+            lambda: all(p.confirmed > marks[p.pid] + 20 for p in mine),
+            timeout=20,
+            what="the frozen member's producers confirmed again",
+        )
+    finally:
+        _finish(producers)
+        consumer.halt.set()
+        consumer.join(10)
+    peak = watcher.finish()
+    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
+    assert peak <= bound, f"peak depth {peak} over {bound}"
