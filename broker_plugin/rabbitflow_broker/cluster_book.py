@@ -113,8 +113,6 @@ class MemberBook:
         out: list[Request] = []
         for _key, entry in self.queues.items():
             free = now < entry.free_until
-            if free and not entry.allowance.removed:
-                continue
             allowance = entry.allowance
             # Allowance is asked for queues published to within a lease only
             # (a queue this member only consumes from gets reports, no grants).

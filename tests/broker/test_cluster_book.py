@@ -1,0 +1,119 @@
+"""A member's allowances and the owner's ledgers (pure: no bus, no clock)."""
+
+from __future__ import annotations
+
+from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Request
+from rabbitflow_broker.cluster_book import FLOW_AFTER_S, FREE_FOR_S, MemberBook, OwnerBook
+
+KEY = ("/", "orders")
+NAME = "/\x00orders"
+
+
+def _book() -> MemberBook:
+    return MemberBook("m1", batch=10, lease=2.0)
+
+
+def _grant(request: Request, amount: int = 10, grant_id: int = (2 << 32) + 1) -> Grant:
+    return Grant("m1", NAME, grant_id, amount, request.asked_at, 2)
+
+
+def test_without_allowance_a_publish_is_held_then_paid_by_the_grant() -> None:
+    book = _book()
+    assert book.publish(KEY, 100, now=0.0) is False
+    assert book.publish(KEY, 100, now=0.0) is False
+    assert KEY in book.held
+    (request,) = book.requests(now=0.0)
+    assert request.queue == NAME
+    assert book.granted(KEY, _grant(request), now=0.01) is True  # debt of 2 paid
+    assert KEY not in book.held
+    assert book.publish(KEY, 100, now=0.02) is True
+    # 2 paid + 1 taken: reported with the next request (at half a batch).
+    for _ in range(2):
+        assert book.publish(KEY, 100, now=0.03)
+    (ask,) = book.requests(now=0.04)
+    assert sum(r.used for r in ask.reports) == 5
+    assert sum(r.used_bytes for r in ask.reports) == 500
+
+
+def test_a_grant_smaller_than_the_debt_keeps_the_queue_held() -> None:
+    book = _book()
+    for _ in range(5):
+        book.publish(KEY, 0, now=0.0)
+    (request,) = book.requests(now=0.0)
+    assert book.granted(KEY, _grant(request, amount=3), now=0.01) is False
+    assert KEY in book.held
+
+
+def test_a_long_hold_flows_the_channels() -> None:
+    book = _book()
+    book.publish(KEY, 0, now=0.0)
+    assert book.tick(now=FLOW_AFTER_S / 2) == set()
+    assert book.tick(now=FLOW_AFTER_S) == {KEY}
+    assert KEY in book.flowed
+
+
+def test_while_the_owner_says_on_nothing_completes_even_with_allowance() -> None:
+    book = _book()
+    book.publish(KEY, 0, now=0.0)
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request), now=0.0)
+    book.flow(KEY, FlowUpdate(NAME, Flow.ON, 2))
+    assert book.publish(KEY, 0, now=0.1) is False
+    assert book.requests(now=1.0) == []  # nothing is asked while ON
+    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 2))
+    (ask,) = book.requests(now=1.0)  # asked at once when OFF again
+    assert ask.asked_at == 1.0
+
+
+def test_an_expired_grant_is_not_used() -> None:
+    book = _book()
+    book.publish(KEY, 0, now=0.0)
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request), now=0.0)
+    assert book.publish(KEY, 0, now=1.9) is True
+    assert book.publish(KEY, 0, now=2.0) is False  # the lease ran out
+
+
+def test_a_queue_without_thresholds_needs_no_allowance_for_a_while() -> None:
+    book = _book()
+    book.publish(KEY, 0, now=0.0)
+    assert book.free(KEY, now=0.01) is True
+    assert book.publish(KEY, 0, now=1.0) is True
+    assert KEY not in book.held
+    # Still in use late in the window: the answer is renewed before it lapses.
+    book.publish(KEY, 0, now=FREE_FOR_S - 1)
+    (renew,) = book.requests(now=FREE_FOR_S - 1)
+    assert renew.asked_at == FREE_FOR_S - 1
+    book.governed(KEY)  # thresholds set meanwhile: ask before the next completion
+    assert book.publish(KEY, 0, now=FREE_FOR_S - 0.5) is False
+
+
+def test_removals_are_reported_without_publishing() -> None:
+    book = _book()
+    book.removed(KEY, 3, 30)
+    (report,) = book.requests(now=1.0)
+    assert report.asked_at != report.asked_at  # NaN: reports only, no allowance asked
+    assert [(r.removed, r.removed_bytes) for r in report.reports] == [(3, 30)]
+
+
+def test_an_older_epoch_grant_is_refused() -> None:
+    book = _book()
+    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 3))
+    book.publish(KEY, 0, now=0.0)
+    (request,) = book.requests(now=0.0)
+    assert book.granted(KEY, _grant(request), now=0.0) is False  # epoch 2 < 3
+    assert KEY in book.held
+
+
+def test_the_owner_tops_up_to_one_batch_and_waits_a_lease_first() -> None:
+    owner = OwnerBook("o", batch=10, lease=2.0, epoch=3, started_at=100.0)
+    request = Request("m1", NAME, 100.0)
+    assert owner.grant(KEY, request, 101.0, on=False) is None  # its first lease
+    grant = owner.grant(KEY, Request("m1", NAME, 102.0), 102.0, on=False)
+    assert grant is not None
+    assert grant.amount == 10
+    assert grant.grant_id >> 32 == 3  # ids carry the epoch: no two owners share one
+    assert owner.grant(KEY, Request("m1", NAME, 102.1), 102.1, on=False) is None
+    assert owner.grant(KEY, Request("m2", NAME, 102.1), 102.1, on=True) is None
+    assert owner.outstanding(KEY) == 10
+    assert owner.expire(104.0) == {KEY: 10}  # unreported: counted as enqueued
