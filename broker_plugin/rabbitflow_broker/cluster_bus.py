@@ -60,8 +60,7 @@ class ControlBus:
         *,
         cluster: str,
         member: str,
-        host: str,
-        port: int,
+        nodes: list[tuple[str, int]],
         user: str,
         password: str,
         lease: float,
@@ -74,7 +73,8 @@ class ControlBus:
         self.exchange = f"rabbitflow.cluster.{cluster}"
         self.owner_queue = f"{self.exchange}.owner"
         self.member_queue = f"{self.exchange}.member.{member}"
-        self._address = (host, port)
+        # The nodes of the RabbitMQ cluster: a failed connection tries the next.
+        self._nodes = list(nodes)
         self._credentials = (user, password)
         self._lease = lease
         self._on_message = on_message
@@ -102,10 +102,10 @@ class ControlBus:
         try:
             await asyncio.wait_for(self._connect(), self._timeout)
         except (OSError, EOFError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            host, port = self._nodes[0]
+            self._nodes.append(self._nodes.pop(0))  # next time, the next node
             self._drop()
-            raise BusError(
-                f"cluster bus at {self._address[0]}:{self._address[1]}: {exc!r}"
-            ) from exc
+            raise BusError(f"cluster bus at {host}:{port}: {exc!r}") from exc
         except BusError:
             self._drop()
             raise
@@ -116,7 +116,7 @@ class ControlBus:
         ]
 
     async def _connect(self) -> None:
-        host, port = self._address
+        host, port = self._nodes[0]
         self._reader, self._writer = await asyncio.open_connection(host, port)
         writer = self._writer
         writer.write(header.ProtocolHeader().marshal())

@@ -165,16 +165,21 @@ class GatewayConfig:
                 f"--store-underfull-size {self.store_underfull_size:,}: producers blocked "
                 "by the store quota could never resume (set overfull >= underfull; 0 = off)"
             )
-        if urlsplit(self.upstream).scheme not in ("amqp", "amqps"):
-            raise ConfigError(f"--upstream: expected an amqp:// URL, got {self.upstream!r}")
-        if self.upstream_ca and urlsplit(self.upstream).scheme != "amqps":
+        upstreams = _split_urls(self.upstream)
+        if not upstreams:
+            raise ConfigError("--upstream: expected one or more amqp:// URLs, got none")
+        for url in upstreams:
+            if urlsplit(url).scheme not in ("amqp", "amqps"):
+                raise ConfigError(f"--upstream: expected an amqp:// URL, got {url!r}")
+        if len({urlsplit(url).scheme for url in upstreams}) > 1:
+            raise ConfigError("--upstream: the nodes must all be amqp:// or all amqps://")
+        for url in _split_urls(self.management_url):
+            if urlsplit(url).scheme not in ("http", "https"):
+                raise ConfigError(f"--management-url: expected an http(s):// URL, got {url!r}")
+        if self.upstream_ca and not self.upstream_tls:
             raise ConfigError("--upstream-ca: only used with an amqps:// --upstream")
         if self.listen_backlog < 1:
             raise ConfigError("--listen-backlog: must be at least 1")
-        if urlsplit(self.management_url).scheme not in ("http", "https"):
-            raise ConfigError(
-                f"--management-url: expected an http(s):// URL, got {self.management_url!r}"
-            )
         if self.log_format not in ("console", "json"):
             raise ConfigError(f"--log-format: expected console or json, got {self.log_format!r}")
         if self.log_level not in LOG_LEVELS:
@@ -235,7 +240,7 @@ class GatewayConfig:
     @property
     def upstream_tls(self) -> bool:
         """Whether ``--upstream`` is an ``amqps://`` URL."""
-        return urlsplit(self.upstream).scheme == "amqps"
+        return urlsplit(_split_urls(self.upstream)[0]).scheme == "amqps"
 
     @property
     def admin_allowed_host_names(self) -> frozenset[str]:
@@ -254,8 +259,21 @@ class GatewayConfig:
     @property
     def upstream_address(self) -> tuple[str, int]:
         """Host and port of ``--upstream``."""
-        parts = urlsplit(self.upstream)
-        return parts.hostname or "localhost", parts.port or (5671 if self.upstream_tls else 5672)
+        return self.upstream_addresses[0]
+
+    @property
+    def upstream_addresses(self) -> list[tuple[str, int]]:
+        """Host and port of each ``--upstream`` node (a RabbitMQ cluster's nodes)."""
+        default = 5671 if self.upstream_tls else 5672
+        return [
+            (parts.hostname or "localhost", parts.port or default)
+            for parts in map(urlsplit, _split_urls(self.upstream))
+        ]
+
+    @property
+    def management_bases(self) -> list[str]:
+        """Each ``--management-url`` without credentials or trailing slash."""
+        return [_base(url) for url in _split_urls(self.management_url)]
 
     @property
     def management_credentials(self) -> tuple[str, str]:
@@ -264,7 +282,7 @@ class GatewayConfig:
         From ``--management-url`` when it carries them, else from
         ``--upstream``, else guest/guest.
         """
-        return _credentials(self.management_url, self.upstream)
+        return _credentials(_split_urls(self.management_url)[0], _split_urls(self.upstream)[0])
 
     @property
     def upstream_credentials(self) -> tuple[str, str]:
@@ -273,18 +291,27 @@ class GatewayConfig:
         From ``--upstream`` when it carries them, else those of the
         management API.
         """
-        return _credentials(self.upstream, self.management_url)
+        return _credentials(_split_urls(self.upstream)[0], _split_urls(self.management_url)[0])
 
     @property
     def management_base(self) -> str:
-        """``--management-url`` without credentials or trailing slash."""
-        parts = urlsplit(self.management_url)
-        netloc = parts.hostname or "localhost"
-        if ":" in netloc:
-            netloc = f"[{netloc}]"
-        if parts.port:
-            netloc += f":{parts.port}"
-        return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
+        """The first ``--management-url`` without credentials or trailing slash."""
+        return self.management_bases[0]
+
+
+def _split_urls(value: str) -> list[str]:
+    """Comma-separated URLs (the nodes of one RabbitMQ cluster)."""
+    return [url.strip() for url in value.split(",") if url.strip()]
+
+
+def _base(url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.hostname or "localhost"
+    if ":" in netloc:
+        netloc = f"[{netloc}]"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return f"{parts.scheme}://{netloc}{parts.path.rstrip('/')}"
 
 
 def _parse_users(value: str | None) -> dict[str, str]:
@@ -374,8 +401,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     help_text = {
         "listen": "AMQP address to serve (default 127.0.0.1:5673; none: TLS only)",
-        "upstream": "RabbitMQ AMQP URL (default amqp://localhost:5672)",
-        "management_url": "RabbitMQ management API URL (default http://localhost:15672)",
+        "upstream": "RabbitMQ AMQP URL, or the nodes of a RabbitMQ cluster comma-separated: "
+        "each client connection goes to the first node that answers, round robin "
+        "(default amqp://localhost:5672)",
+        "management_url": "RabbitMQ management API URL, or one per node comma-separated: "
+        "the first that answers is used (default http://localhost:15672)",
         "admin_listen": "admin HTTP API address (default 127.0.0.1:15673)",
         "default_flow_stop_threshold": "percent of a queue's maximum to stop at (80)",
         "default_flow_resume_threshold": "percent of a queue's maximum to resume below (70)",

@@ -67,6 +67,7 @@ class PassiveDeclarer:
         host: str,
         port: int,
         *,
+        more: Sequence[tuple[str, int]] = (),
         user: str,
         password: str,
         vhost: str,
@@ -74,7 +75,8 @@ class PassiveDeclarer:
         server_hostname: str | None = None,
         timeout: float = 5.0,
     ) -> None:
-        self._address = (host, port)
+        # The other nodes of a RabbitMQ cluster: a failed connection moves on.
+        self._addresses = [(host, port), *more]
         self._credentials = (user, password)
         self.vhost = vhost
         self._ssl = ssl_context
@@ -161,7 +163,7 @@ class PassiveDeclarer:
         return answers
 
     async def _open(self) -> None:
-        host, port = self._address
+        host, port = self._addresses[0]
         self._reader, self._writer = await asyncio.open_connection(
             host,
             port,
@@ -239,6 +241,7 @@ class PassiveDeclarer:
         writer, self._writer, self._reader = self._writer, None, None
         if writer is not None:
             writer.close()
+        self._addresses.append(self._addresses.pop(0))  # next time, the next node
 
 
 class DepthPoll:

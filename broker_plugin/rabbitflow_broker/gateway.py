@@ -160,6 +160,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         self._runtime: dict[QueueKey, Thresholds] = {}
         self._connections: dict[int, Connection] = {}
         self._next_connection = 0
+        self._upstream_cursor = 0
         # Vhost-wide blocks set directly (tests, embedding); see set_vhost_blocked.
         self._forced_vhosts: set[str] = set()
         # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
@@ -206,6 +207,14 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     def unregister(self, connection: Connection) -> None:
         """Remove a relay (its connection ended)."""
         self._connections.pop(connection.number, None)
+
+    def upstream_nodes(self) -> list[tuple[str, int]]:
+        """The RabbitMQ nodes to try for a new connection, in order: each
+        connection starts from the next one (round robin)."""
+        nodes = self.config.upstream_addresses
+        start = self._upstream_cursor % len(nodes)
+        self._upstream_cursor += 1
+        return nodes[start:] + nodes[:start]
 
     def next_connection_number(self) -> int:
         """The gateway's own connection counter, as printed in ``con:N``."""

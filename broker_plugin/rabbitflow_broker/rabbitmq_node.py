@@ -123,6 +123,7 @@ class RabbitMQNode:
         extra_config: Sequence[str] = (),
         base_dir: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 60.0,
+        cookie: str | None = None,
     ) -> None:
         if not rabbitmq_available():
             raise NodeError("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
@@ -134,6 +135,8 @@ class RabbitMQNode:
         self.management = management
         self.extra_config = tuple(extra_config)
         self.start_timeout_s = start_timeout_s
+        #: The Erlang cookie (nodes that share one can form a RabbitMQ cluster).
+        self.cookie = cookie or uuid.uuid4().hex.upper()
         self._process: subprocess.Popen[bytes] | None = None
         self._write_files()
 
@@ -244,6 +247,14 @@ class RabbitMQNode:
             )
         return done.stdout.decode(errors="replace")
 
+    def join(self, other: RabbitMQNode) -> None:
+        """Join ``other``'s RabbitMQ cluster (both running, same cookie)."""
+        self.ctl("stop_app")
+        self.ctl("join_cluster", other.name)
+        self.ctl("start_app")
+        if not amqp_handshake_ok("127.0.0.1", self.amqp_port, timeout=30):
+            raise NodeError(f"node {self.name} did not come back after joining {other.name}")
+
     def close(self) -> None:
         """Stop the node and remove its directory (if this object made it)."""
         self.stop()
@@ -287,7 +298,7 @@ class RabbitMQNode:
         (self.base / "enabled_plugins").write_text(plugins + "\n")
         cookie = self.base / ".erlang.cookie"
         if not cookie.exists():
-            cookie.write_text(uuid.uuid4().hex.upper())
+            cookie.write_text(self.cookie)
             cookie.chmod(0o400)
 
     def _env(self) -> dict[str, str]:

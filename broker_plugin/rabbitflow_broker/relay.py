@@ -108,6 +108,8 @@ class Relay(EngineViews, asyncio.Protocol):
         self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed: asyncio.Future[None] | None = None
+        #: The RabbitMQ node ("host:port") this connection's upstream went to.
+        self._node: str | None = None
         self._log = _log.bind(connection=self.number)
 
     # -- client socket -------------------------------------------------------------
@@ -160,35 +162,64 @@ class Relay(EngineViews, asyncio.Protocol):
     # -- upstream socket -----------------------------------------------------------
 
     async def _open_upstream(self) -> None:
-        host, port = self.gateway.config.upstream_address
-        try:
-            if self._connector is not None:
-                transport = await self._connector(host, port, lambda: _Upstream(self))
-            else:
-                loop = asyncio.get_running_loop()
-                transport, _ = await loop.create_connection(
-                    lambda: _Upstream(self),
-                    host,
-                    port,
-                    ssl=self._ssl,
-                    server_hostname=self._server_hostname if self._ssl else None,
-                )
-        except (OSError, ssl.SSLError) as exc:
-            if isinstance(exc, OSError) and exc.errno in _TOO_MANY_FILES:
-                self._log.error("cannot open upstream connection: too many open files")
-                cause = "too many open files"
-            else:
-                self._log.warning("upstream unreachable", error=str(exc))
-                cause = f"upstream unreachable: {exc}"
-            self._lost.add("upstream")
-            self._pump.perform(self.engine.upstream_failed(self._now(), cause))
-            self._finish_if_done()
-            return
+        # The nodes of a RabbitMQ cluster in turn, from the next one round robin:
+        # the first that answers is this connection's.
+        nodes = self.gateway.upstream_nodes()
+        for attempt, (host, port) in enumerate(nodes):
+            try:
+                transport = await self._connect_upstream(host, port)
+            except (OSError, ssl.SSLError) as exc:
+                if attempt + 1 < len(nodes) and not (
+                    isinstance(exc, OSError) and exc.errno in _TOO_MANY_FILES
+                ):
+                    self._log.warning("upstream node unreachable", node=f"{host}:{port}")
+                    continue
+                self._upstream_unreachable(exc)
+                return
+            self._node = f"{host}:{port}"
+            break
         if self._pump.closing:  # the client left meanwhile
             transport.close()
             return
         self._pump.perform(self.engine.upstream_connected(self._now()))
         self._resume("connecting")
+
+    async def _connect_upstream(self, host: str, port: int) -> asyncio.BaseTransport:
+        if self._connector is not None:
+            return await self._connector(host, port, lambda: _Upstream(self))
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_connection(
+            lambda: _Upstream(self),
+            host,
+            port,
+            ssl=self._ssl,
+            server_hostname=self._server_hostname if self._ssl else None,
+        )
+        return transport
+
+    def _upstream_unreachable(self, exc: OSError | ssl.SSLError) -> None:
+        if isinstance(exc, OSError) and exc.errno in _TOO_MANY_FILES:
+            self._log.error("cannot open upstream connection: too many open files")
+            cause = "too many open files"
+        else:
+            self._log.warning("upstream unreachable", error=str(exc))
+            cause = f"upstream unreachable: {exc}"
+        self._lost.add("upstream")
+        self._pump.perform(self.engine.upstream_failed(self._now(), cause))
+        self._finish_if_done()
+
+    def _upstream_gone(self) -> None:
+        """The upstream connection ended: a client still connected is told
+        with 320, naming the node (it reconnects, perhaps to another node)."""
+        if "client" in self._lost or self._pump.closing or self._node is None:
+            self._side_lost("upstream")
+            return
+        self._lost.add("upstream")
+        self._upstream = self._pump.upstream = None
+        self._pump.perform(
+            self.engine.upstream_failed(self._now(), f"upstream node {self._node} went away")
+        )
+        self._finish_if_done()
 
     def _upstream_made(self, transport: asyncio.Transport) -> None:
         self._upstream = self._pump.upstream = transport
@@ -332,11 +363,14 @@ class _Upstream(asyncio.Protocol):
         self._relay._pump.upstream_data(data)
 
     def eof_received(self) -> bool | None:
-        self._relay.abort()
+        self._relay._upstream_gone()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._relay._side_lost("upstream")
+        if "upstream" in self._relay._lost:
+            self._relay._finish_if_done()
+        else:
+            self._relay._upstream_gone()
 
     def pause_writing(self) -> None:
         self._relay._pause("upstream")

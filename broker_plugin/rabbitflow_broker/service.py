@@ -136,7 +136,8 @@ class GatewayService:
         self._owns_sink = sink is None
         self.gateway = Gateway(config, sink=self.sink)
         user, password = config.management_credentials
-        self.management = ManagementClient(config.management_base, user, password)
+        bases = config.management_bases
+        self.management = ManagementClient(bases[0], user, password, more=bases[1:])
         self.store: ThresholdStore = (
             FileThresholdStore(config.state_file)
             if config.state_file
@@ -171,7 +172,6 @@ class GatewayService:
     def _cluster_node(self, name: str) -> ClusterNode:
         member = member_id()
         self.sink.gateway = member
-        host, port = self.config.upstream_address
         user, password = self.config.upstream_credentials
         node = ClusterNode(
             self.gateway,
@@ -179,8 +179,7 @@ class GatewayService:
             member=member,
             batch=self.config.cluster_batch,
             lease=self.config.cluster_lease / 1000,
-            host=host,
-            port=port,
+            nodes=self.config.upstream_addresses,
             user=user,
             password=password,
             describe=self._describe_member,
@@ -573,11 +572,12 @@ class GatewayService:
             await self.refresh_routing()
 
     def _declarer(self, vhost: str) -> PassiveDeclarer:
-        host, port = self.config.upstream_address
+        (host, port), *more = self.config.upstream_addresses
         user, password = self.config.upstream_credentials
         return PassiveDeclarer(
             host,
             port,
+            more=more,
             user=user,
             password=password,
             vhost=vhost,

@@ -45,6 +45,10 @@ class ManagementError(Exception):
     """The management API failed or answered with an error status."""
 
 
+class _Unreachable(ManagementError):
+    """A node's management API could not be reached (another may answer)."""
+
+
 def _q(value: str) -> str:
     return quote(value, safe="")
 
@@ -52,8 +56,13 @@ def _q(value: str) -> str:
 class ManagementClient:
     """Async management-API client; ``await close()`` when done."""
 
-    def __init__(self, base_url: str, user: str, password: str) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(
+        self, base_url: str, user: str, password: str, *, more: Sequence[str] = ()
+    ) -> None:
+        #: Every node's API (``more``: the other nodes of a RabbitMQ cluster);
+        #: a request that cannot reach one tries the next, which then stays.
+        self.base_urls = [url.rstrip("/") for url in (base_url, *more)]
+        self.base_url = self.base_urls[0]
         token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
         self._headers = {"Authorization": f"Basic {token}"}
         self._session: aiohttp.ClientSession | None = None
@@ -70,6 +79,19 @@ class ManagementClient:
             self._session = None
 
     async def _request(self, method: str, path: str, body: object | None = None) -> Any:
+        for _ in range(len(self.base_urls) - 1):
+            try:
+                return await self._request_one(method, path, body)
+            except _Unreachable:
+                # This node is down: the next one answers from now on.
+                self.base_urls.append(self.base_urls.pop(0))
+                self.base_url = self.base_urls[0]
+        try:
+            return await self._request_one(method, path, body)
+        except _Unreachable as exc:
+            raise ManagementError(str(exc)) from exc.__cause__
+
+    async def _request_one(self, method: str, path: str, body: object | None = None) -> Any:
         url = self.base_url + path
         try:
             async with self._client().request(method, url, json=body) as response:
@@ -82,7 +104,7 @@ class ManagementClient:
                     return None
                 return await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ManagementError(f"{method} {path}: {exc}") from exc
+            raise _Unreachable(f"{method} {url}: {exc}") from exc
 
     async def get(self, path: str) -> Any:
         """GET a JSON resource (None for 404).
