@@ -73,6 +73,14 @@ GROUPS: dict[str, str] = {
         ],
         "heavy",
     ),
+    # Several gateway processes (and RabbitMQ nodes) each: one scenario at a time.
+    **dict.fromkeys(
+        [
+            "integration/cluster/test_cluster_flow.py",
+            "integration/cluster/test_rabbitmq_cluster.py",
+        ],
+        "cluster",
+    ),
     # A module-scoped scenario each.
     "integration/broker_ops/test_upstream_tls.py": "integration/broker_ops/test_upstream_tls.py",
     "integration/client/test_reject_publish_flow.py": (
