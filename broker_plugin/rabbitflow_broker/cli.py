@@ -19,6 +19,7 @@ import structlog
 from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
 from rabbitflow_broker.gc_policy import CollectorPolicy
 from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.workers import Supervisor, worker_index
 
 __all__ = ["configure_logging", "event_loop_factory", "main"]
 
@@ -97,7 +98,12 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console-script entry point; returns the exit status."""
+    """Console-script entry point; returns the exit status.
+
+    With ``--workers N`` (N > 1) this process supervises N gateway
+    processes (:mod:`rabbitflow_broker.workers`) instead of serving.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
     with warnings.catch_warnings(record=True) as deprecations:
         warnings.simplefilter("always", FutureWarning)
         try:
@@ -112,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rabbitflow-broker: {error}", file=sys.stderr)
         return 2
     configure_logging(config.log_format, config.log_level)
+    index = worker_index()
+    if config.workers > 1 and index is None:
+        return asyncio.run(Supervisor(config, argv).run())
+    if index is not None:
+        structlog.contextvars.bind_contextvars(worker=index)
     try:
         loop_factory = event_loop_factory(config.event_loop)
     except ConfigError as exc:

@@ -48,6 +48,9 @@ def parse_host_port(option: str, value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", number
 
 
+#: The most ``--workers`` (processes on one host; more than cores helps nothing).
+MAX_WORKERS = 256
+
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -108,6 +111,8 @@ class GatewayConfig:
     cluster_batch: int = 100
     #: Milliseconds a grant (and an owner's silence) may last.
     cluster_lease: int = 2000
+    #: Gateway processes on the listen address(es) (SO_REUSEPORT), one cluster.
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.listen.strip().lower() != "none":
@@ -136,6 +141,7 @@ class GatewayConfig:
             "event_log_max_age",
             "cluster_batch",
             "cluster_lease",
+            "workers",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -152,6 +158,7 @@ class GatewayConfig:
             raise ConfigError("--cluster-batch: must be at least 1")
         if self.cluster_lease < 200:
             raise ConfigError("--cluster-lease: must be at least 200 ms")
+        self._check_workers()
         for name in ("default_flow_stop_threshold", "default_flow_resume_threshold"):
             if getattr(self, name) > 100:
                 raise ConfigError(f"--{name.replace('_', '-')}: a percentage cannot exceed 100")
@@ -202,6 +209,29 @@ class GatewayConfig:
             path = getattr(self, option)
             if path and not os.path.isfile(path):
                 raise ConfigError(f"--{option.replace('_', '-')}: no such file {path!r}")
+
+    def _check_workers(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers: must be at least 1, got {self.workers}")
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(f"--workers: at most {MAX_WORKERS}, got {self.workers}")
+        if self.workers == 1:
+            return
+        for option, address in (
+            ("listen", self.listen_address),
+            ("listen-tls", self.listen_tls_address),
+        ):
+            if address is not None and address[1] == 0:
+                raise ConfigError(
+                    f"--workers {self.workers}: --{option} needs a fixed port (not 0): "
+                    "the workers share it"
+                )
+        admin_port = self.admin_address[1]
+        if admin_port and admin_port + self.workers - 1 > 65535:
+            raise ConfigError(
+                f"--workers {self.workers}: the admin ports {admin_port}.."
+                f"{admin_port + self.workers - 1} (one per worker) pass 65535"
+            )
 
     def _check_admin_auth(self, admin_host: str) -> None:
         users = _parse_users(self.admin_users)  # validates the format
@@ -449,6 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster_batch": "messages one cluster member may accept for a queue before the "
         "others know (100)",
         "cluster_lease": "ms a member's allowance lasts without the cluster's owner (2000)",
+        "workers": "gateway processes serving the same --listen/--listen-tls port "
+        "(SO_REUSEPORT), members of one cluster (--cluster NAME, or one named after the "
+        "host and port); worker I serves its admin API on the --admin-listen port + I "
+        "(port 0: each picks a free one) and writes --event-log as PATH-wI; a supervisor "
+        "forwards SIGTERM/SIGINT/SIGHUP and restarts a worker that dies (1)",
     }
     for name, summary in help_text.items():
         flag = "--" + name.replace("_", "-")

@@ -228,11 +228,13 @@ class GatewayService:
         await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
         self._tasks.append(asyncio.create_task(self.collector.run(), name="gc-full"))
         backlog = self.config.listen_backlog
+        # --workers N: the N processes share the port; the kernel spreads connections.
+        reuse_port = self.config.workers > 1 or None
         listening: dict[str, str] = {}
         address = self.config.listen_address
         if address is not None:
             self._server = await loop.create_server(
-                self._new_relay, address[0], address[1], backlog=backlog
+                self._new_relay, address[0], address[1], backlog=backlog, reuse_port=reuse_port
             )
             self.port = self._server.sockets[0].getsockname()[1]
             listening["listen"] = f"{address[0]}:{self.port}"
@@ -245,6 +247,7 @@ class GatewayService:
                 tls_address[1],
                 backlog=backlog,
                 ssl=self._tls_context,
+                reuse_port=reuse_port,
             )
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             listening["listen_tls"] = f"{tls_address[0]}:{self.tls_port}"
