@@ -80,9 +80,18 @@ class ConfirmTracker:
     def upstream_ack(
         self, tag: int, multiple: bool, is_blocked: IsBlocked
     ) -> tuple[list[Confirm], list[Route]]:
-        """RabbitMQ acked ``tag``; return what to send the client now and the routes held."""
+        """RabbitMQ acked ``tag``; return what to send the client now and the routes held.
+
+        Held confirms whose routes are free again go with it: a block may lift
+        (a cluster member's grant) before the hub re-checks what it holds, and
+        a newer confirm must not overtake an older one of the same queue.
+        """
         ready: list[int] = []
         held: list[Route] = []
+        if self._held:
+            ready = [seq for seq, route in self._held.items() if not is_blocked(route)]
+            for seq in ready:
+                del self._held[seq]
         for seq in self._covered(tag, multiple):
             route = self._unconfirmed.pop(seq)
             if route and is_blocked(route):

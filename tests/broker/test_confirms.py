@@ -56,6 +56,16 @@ def test_held_tag_is_released_once_queue_is_free() -> None:
     assert tracker.held == 0
 
 
+def test_a_held_confirm_whose_block_lifted_goes_before_a_newer_one() -> None:
+    # The block lifts (a cluster grant) before the hub re-checks what is held:
+    # the next upstream ack takes the older held confirm along, in order.
+    tracker = _tracker(A, A)
+    tracker.upstream_ack(1, False, _blocked("a"))
+    assert tracker.upstream_ack(2, False, _blocked())[0] == [Confirm(2, True, True)]
+    assert tracker.held == 0
+    assert tracker.release(_blocked()) == []
+
+
 def test_release_of_a_prefix_uses_one_multiple_ack() -> None:
     tracker = _tracker(A, A, A)
     tracker.upstream_ack(3, True, _blocked("a"))
