@@ -50,7 +50,8 @@ def test_rabbitmq_management_is_published_on_loopback_only() -> None:
 def test_the_admin_password_has_no_default() -> None:
     uses = re.findall(r"\$\{RABBITFLOW_ADMIN_PASSWORD([^}]*)\}", COMPOSE_TEXT)
 
-    assert len(uses) == 2  # the gateway's admin users and the demo's password
+    # The gateway's admin users, the demo's password, the cluster profile's gateways.
+    assert len(uses) == 3
     assert all(use.startswith(":?") for use in uses), uses
     assert "change-me" not in COMPOSE_TEXT
 
@@ -76,6 +77,33 @@ def test_services_wait_for_the_health_of_what_they_use() -> None:
 def test_the_gateway_serves_every_interface_in_its_container() -> None:
     assert "--listen=0.0.0.0:5673" in SERVICES["gateway"]["command"]
     assert "ENV RABBITFLOW_BROKER_LISTEN=0.0.0.0:5673" in DOCKERFILE
+
+
+CLUSTER = ("gateway-1", "gateway-2")
+
+
+def test_the_cluster_profile_runs_two_members_of_one_cluster() -> None:
+    commands = [SERVICES[name]["command"] for name in CLUSTER]
+    clusters = [{arg for arg in command if arg.startswith("--cluster=")} for command in commands]
+    assert clusters == [{"--cluster=compose"}] * 2
+    for name in CLUSTER:
+        service = SERVICES[name]
+        assert service["profiles"] == ["cluster"]
+        assert service["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+        assert service["healthcheck"] == SERVICES["gateway"]["healthcheck"]
+        assert "--listen=0.0.0.0:5673" in service["command"]
+        assert service["environment"]["RABBITFLOW_BROKER_ADMIN_USERS"].startswith("admin:${")
+    # Each has its own event log and its own host ports, none of the default gateway's.
+    assert len({tuple(SERVICES[name]["volumes"]) for name in CLUSTER}) == 2
+    host_ports = [
+        str(port).split(":")[0]
+        for name in ("gateway", *CLUSTER)
+        for port in SERVICES[name]["ports"]
+    ]
+    assert len(host_ports) == len(set(host_ports)) == 6
+    # The default services still start without the profile.
+    assert "profiles" not in SERVICES["gateway"]
+    assert "profiles" not in SERVICES["rabbitmq"]
 
 
 def test_the_image_is_multi_stage_non_root_with_a_healthcheck() -> None:
