@@ -78,6 +78,7 @@ GROUPS: dict[str, str] = {
         [
             "integration/cluster/test_cluster_flow.py",
             "integration/cluster/test_rabbitmq_cluster.py",
+            "integration/cluster/test_workers.py",
         ],
         "cluster",
     ),
