@@ -42,6 +42,12 @@ import os
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Properties are checked for correctness, not speed: on a loaded machine one
+# example may take longer than hypothesis's default 200 ms deadline.
+settings.register_profile("rabbitflow", deadline=None)
+settings.load_profile("rabbitflow")
 
 #: Modules (paths from the repository root) -> the group their tests share.
 GROUPS: dict[str, str] = {

@@ -219,6 +219,10 @@ class Relay(EngineViews, asyncio.Protocol):
         self._pump.perform(
             self.engine.upstream_failed(self._now(), f"upstream node {self._node} went away")
         )
+        # Whatever paused the client, read its Close-Ok (or its leaving) now.
+        self._paused.clear()
+        if self._client is not None and not self._client.is_closing():
+            self._client.resume_reading()
         self._finish_if_done()
 
     def _upstream_made(self, transport: asyncio.Transport) -> None:

@@ -30,7 +30,7 @@ def split(key: str) -> list[str]:
     return key.split(".") if key else []
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(patterns, min_size=1, max_size=6), keys)
 def test_topic_routing_matches_reference(bound: list[str], key: str) -> None:
     t = RoutingTable()
@@ -42,7 +42,7 @@ def test_topic_routing_matches_reference(bound: list[str], key: str) -> None:
     assert t.route(V, "x", key) == expected
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(patterns, min_size=1, max_size=6), st.data())
 def test_topic_unbinding_restores_routing(bound: list[str], data: st.DataObject) -> None:
     t = RoutingTable()
@@ -80,7 +80,7 @@ def reference_headers(args: dict[str, object], headers: dict[str, object]) -> bo
     return any(ok(k, v) for k, v in tests)
 
 
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 @given(
     st.dictionaries(header_keys, header_values),
     st.sampled_from([None, "all", "any", "all-with-x", "any-with-x"]),
