@@ -55,6 +55,7 @@ from typing import Final
 __all__ = [
     "DEFAULT_BATCH",
     "DEFAULT_LEASE_S",
+    "MAX_GRANT_BATCHES",
     "Flow",
     "FlowUpdate",
     "Grant",
@@ -68,6 +69,8 @@ __all__ = [
 DEFAULT_BATCH: Final = 100
 #: ``--cluster-lease``: how long a grant (and an owner's silence) may last.
 DEFAULT_LEASE_S: Final = 2.0
+#: Far below its stop threshold a queue's grants may reach this many batches.
+MAX_GRANT_BATCHES: Final = 16
 
 
 class Flow(enum.Enum):
@@ -168,21 +171,30 @@ class QueueOwner:
         """Whether this owner may grant yet: a new owner waits one lease."""
         return now - self.started_at >= self.lease or self.epoch == 1
 
-    def request(self, request: Request, now: float) -> tuple[Grant | None, FlowUpdate | None]:
+    def request(
+        self, request: Request, now: float, *, sharers: int = 0
+    ) -> tuple[Grant | None, FlowUpdate | None]:
         """A member asks for a batch: the grant (None while none is due), and
-        the flow change its reports caused (or None)."""
+        the flow change its reports caused (or None).  ``sharers`` > 0: what
+        the queue can take below its stop threshold beside everything
+        outstanding is shared among that many members (see :meth:`grant`)."""
         update = None
         for report in request.reports:
             update = self.report(report, now) or update
-        return self._grant(request, now), update
+        update = self.expire(now) or update
+        room = 0
+        if sharers and self.stop:
+            room = (self.stop - self.depth - self.outstanding) // sharers
+        return self._grant(request, now, room), update
 
-    def _grant(self, request: Request, now: float) -> Grant | None:
-        self.expire(now)
+    def _grant(self, request: Request, now: float, room: int = 0) -> Grant | None:
         if not self.granting(now) or self.flow is Flow.ON:
             return None
-        # Topped up to one batch per member: outstanding <= M x B.
+        # Topped up to one batch per member: outstanding <= M x B.  More only
+        # out of ``room``, what the queue can take below its stop threshold
+        # beside everything outstanding: then depth + outstanding <= stop.
         held = sum(g.remaining for g in self._grants.values() if g.member == request.member)
-        amount = self.batch - held
+        amount = max(self.batch - held, min(room, MAX_GRANT_BATCHES * self.batch) - held)
         if amount <= 0:
             return None
         # Ids carry the owner's epoch, so no two owners ever issue the same one.
@@ -226,10 +238,14 @@ class QueueOwner:
                 del self._grants[grant_id]
         return expired
 
-    def grant(self, request: Request, now: float) -> Grant | None:
+    def grant(self, request: Request, now: float, room: int = 0) -> Grant | None:
         """A grant for ``request`` when one is due (ledger only: the caller
-        decides the flow state and sets :attr:`flow` first)."""
-        return self._grant(request, now)
+        decides the flow state and sets :attr:`flow` first, and expires
+        grants with :meth:`expire_grants`).  ``room``: messages the queue
+        can take below its stop threshold beyond its depth and everything
+        outstanding, shared out by the caller; a grant may use it up to
+        :data:`MAX_GRANT_BATCHES` batches."""
+        return self._grant(request, now, room)
 
     def held_by(self, member: str) -> int:
         """Outstanding allowance of one member."""
@@ -284,6 +300,8 @@ class MemberAllowance:
     removed: int = 0
     removed_bytes: int = 0
     asked_at: float | None = None
+    #: The last grant's size: the next is asked for when half of it is left.
+    last_amount: int = 0
     _grants: list[_Held] = field(default_factory=list)
 
     def available(self, now: float) -> int:
@@ -309,7 +327,7 @@ class MemberAllowance:
             return None
         if self.asked_at is not None and now - self.asked_at < self.lease / 4:
             return None
-        if self.available(now) * 2 > self.batch:
+        if self.available(now) * 2 > max(self.batch, self.last_amount):
             return None
         self.asked_at = now
         return Request(self.member, self.queue, now, tuple(self.reports(now, flush=True)))
@@ -322,6 +340,7 @@ class MemberAllowance:
         if self.asked_at == grant.asked_at:
             self.asked_at = None
         self._grants.append(_Held(grant.grant_id, grant.amount, grant.asked_at + self.lease))
+        self.last_amount = grant.amount
 
     def flow_update(self, update: FlowUpdate) -> None:
         """The owner's flow state (older epochs than one already seen are ignored)."""

@@ -21,6 +21,7 @@ reported use as a publish) and the members it heard from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -61,6 +62,8 @@ class _Queue:
     held_since: float | None = None
     last_report: float = float("-inf")
     last_publish: float = float("-inf")
+    #: Allowance used since the last request.
+    used: int = 0
 
 
 @dataclass(slots=True)
@@ -77,6 +80,8 @@ class MemberBook:
     flowed: set[QueueKey] = field(default_factory=set)
     #: The highest owner epoch seen.
     epoch: int = 0
+    #: Set when some queue used half a batch since its last request.
+    due: bool = False
 
     def _queue(self, key: QueueKey) -> _Queue:
         entry = self.queues.get(key)
@@ -92,6 +97,11 @@ class MemberBook:
         if now < entry.free_until:
             return True
         if not entry.debt and entry.allowance.take(now, size):
+            entry.used += 1
+            if entry.used * 2 == max(self.batch, entry.allowance.last_amount):
+                # Half a batch used since the last ask: ask now, not at the
+                # next round, so the grant arrives before the allowance ends.
+                self.due = True
             return True
         entry.debt += 1
         entry.debt_bytes += size
@@ -147,7 +157,10 @@ class MemberBook:
                     request = Request(self.member, allowance.queue, float("nan"), tuple(reports))
             if request is not None:
                 entry.last_report = now
+                if not math.isnan(request.asked_at):
+                    entry.used = 0
                 out.append(request)
+        self.due = False
         return out
 
     def granted(self, key: QueueKey, grant: Grant, now: float) -> bool:
@@ -165,6 +178,7 @@ class MemberBook:
             size = entry.debt_bytes // entry.debt
             if not allowance.take(now, size):
                 return False
+            entry.used += 1
             entry.debt -= 1
             entry.debt_bytes -= size
         return self._release(key, entry)
@@ -261,11 +275,28 @@ class OwnerBook:
         """A member's report: how many messages it newly used (enqueued)."""
         return self.ledger(key).settle_report(report)
 
-    def grant(self, key: QueueKey, request: Request, now: float, *, on: bool) -> Grant | None:
-        """A grant for a member's request, when the queue is OFF and one is due."""
+    def grant(
+        self,
+        key: QueueKey,
+        request: Request,
+        now: float,
+        *,
+        on: bool,
+        stop: int = 0,
+        depth: int = 0,
+        sharers: int = 1,
+    ) -> Grant | None:
+        """A grant for a member's request, when the queue is OFF and one is
+        due.  With a stop threshold (``stop`` messages) and the queue's
+        ``depth``, what the queue can still take beside everything
+        outstanding is shared among ``sharers`` members: far below the
+        threshold a grant may be larger than a batch."""
         ledger = self.ledger(key)
         ledger.flow = Flow.ON if on else Flow.OFF
-        return ledger.grant(request, now)
+        room = 0
+        if stop:
+            room = (stop - depth - ledger.outstanding) // max(1, sharers)
+        return ledger.grant(request, now, room)
 
     def expire(self, now: float) -> dict[QueueKey, int]:
         """Expired grants per queue: their remainder counts as enqueued."""

@@ -30,13 +30,25 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from pamqp import body, commands, frame, header, heartbeat
+from pamqp import commands, frame, header, heartbeat
 from pamqp.base import Frame
 
 __all__ = ["BusError", "ControlBus"]
 
 _log = structlog.get_logger("rabbitflow.broker")
 _FRAME_END = 0xCE
+_END_BYTE = bytes([_FRAME_END])
+_METHOD, _HEADER, _BODY = 1, 2, 3
+_FRAME_HEAD = struct.Struct(">BHI")
+#: A content header frame with no properties: kind, channel, size, class,
+#: weight, body size, property flags, frame end.
+_HEADER_FRAME = struct.Struct(">BHIHHQHB")
+_METHOD_ID = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_U64 = struct.Struct(">Q")
+_BASIC_DELIVER = (60 << 16) | 60
+_CONNECTION_CLOSE = (10 << 16) | 50
+_CHANNEL_CLOSE = (20 << 16) | 40
 _CHANNEL = 1
 _OWNER_TAG = "owner"
 _MEMBER_TAG = "member"
@@ -83,6 +95,11 @@ class ControlBus:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._publish_frames: dict[str, bytes] = {}
+        # The delivery being read: its consumer tag, body size and body so far.
+        self._tag = ""
+        self._size = 0
+        self._chunks: list[bytes] = []
         #: Messages sent and received (control traffic, for the admin API and benches).
         self.sent = 0
         self.received = 0
@@ -234,33 +251,64 @@ class ControlBus:
                 return value
 
     async def _read_loop(self) -> None:
-        tag = ""
-        size = 0
-        chunks: list[bytes] = []
+        reader = self._reader
+        assert reader is not None
+        buffer = bytearray()
         try:
             while True:
-                _number, value = await self._read()
-                if isinstance(value, commands.Basic.Deliver):
-                    tag = value.consumer_tag or ""
-                    chunks = []
-                elif isinstance(value, header.ContentHeader):
-                    size = value.body_size
-                    if size == 0:
-                        self._deliver(tag, b"")
-                elif isinstance(value, body.ContentBody):
-                    chunks.append(value.value)
-                    data = b"".join(chunks)
-                    if len(data) >= size:
-                        chunks = []
-                        self._deliver(tag, data)
-                    else:
-                        chunks = [data]
+                data = await reader.read(65536)
+                if not data:
+                    raise EOFError("RabbitMQ closed the connection")
+                buffer += data
+                del buffer[: self._frames(buffer)]
         except asyncio.CancelledError:
             raise
-        except (OSError, EOFError, BusError, asyncio.IncompleteReadError) as exc:
+        except (OSError, EOFError, BusError) as exc:
             _log.warning("cluster bus lost", cluster=self.cluster, error=str(exc) or repr(exc))
         self._drop()
         self._on_lost()
+
+    def _frames(self, buffer: bytearray) -> int:
+        """Handle the whole frames at the start of ``buffer``; returns their length.
+
+        Only what the bus receives is decoded: Basic.Deliver (its consumer
+        tag), content headers (the body size), bodies, heartbeats, and a
+        connection or channel close.
+        """
+        pos = 0
+        size_all = len(buffer)
+        while size_all - pos >= 8:
+            kind, _channel, size = _FRAME_HEAD.unpack_from(buffer, pos)
+            end = pos + 7 + size
+            if end >= size_all:
+                break
+            if buffer[end] != _FRAME_END:
+                raise BusError("malformed frame from RabbitMQ")
+            payload = pos + 7
+            if kind == _METHOD:
+                method = _METHOD_ID.unpack_from(buffer, payload)[0]
+                if method == _BASIC_DELIVER:
+                    length = buffer[payload + 4]
+                    self._tag = bytes(buffer[payload + 5 : payload + 5 + length]).decode()
+                    self._chunks = []
+                elif method in (_CONNECTION_CLOSE, _CHANNEL_CLOSE):
+                    code = _U16.unpack_from(buffer, payload + 4)[0]
+                    length = buffer[payload + 6]
+                    text = bytes(buffer[payload + 7 : payload + 7 + length]).decode(
+                        errors="replace"
+                    )
+                    raise BusError(f"RabbitMQ closed the cluster bus: {code} {text}")
+            elif kind == _HEADER:
+                self._size = _U64.unpack_from(buffer, payload + 4)[0]
+                if self._size == 0:
+                    self._deliver(self._tag, b"")
+            elif kind == _BODY:
+                self._chunks.append(bytes(buffer[payload:end]))
+                if sum(map(len, self._chunks)) >= self._size:
+                    data, self._chunks = b"".join(self._chunks), []
+                    self._deliver(self._tag, data)
+            pos = end + 1
+        return pos
 
     def _deliver(self, tag: str, data: bytes) -> None:
         try:
@@ -291,18 +339,17 @@ class ControlBus:
         if writer is None:
             return False
         data = json.dumps(message, separators=(",", ":")).encode()
-        if to == "owner":
-            publish = commands.Basic.Publish(exchange="", routing_key=self.owner_queue)
-        else:
-            publish = commands.Basic.Publish(exchange=self.exchange, routing_key=to)
+        publish = self._publish_frames.get(to)
+        if publish is None:
+            if to == "owner":
+                method = commands.Basic.Publish(exchange="", routing_key=self.owner_queue)
+            else:
+                method = commands.Basic.Publish(exchange=self.exchange, routing_key=to)
+            publish = self._publish_frames[to] = frame.marshal(method, _CHANNEL)
+        content = _HEADER_FRAME.pack(_HEADER, _CHANNEL, 14, 60, 0, len(data), 0, _FRAME_END)
+        content += _FRAME_HEAD.pack(_BODY, _CHANNEL, len(data)) + data + _END_BYTE
         try:
-            writer.write(
-                frame.marshal(publish, _CHANNEL)
-                + frame.marshal(
-                    header.ContentHeader(0, len(data), commands.Basic.Properties()), _CHANNEL
-                )
-                + frame.marshal(body.ContentBody(data), _CHANNEL)
-            )
+            writer.write(publish + content)
         except (OSError, RuntimeError):
             return False
         self.sent += 1

@@ -51,7 +51,7 @@ __all__ = ["ClusterNode", "member_id"]
 _log = structlog.get_logger("rabbitflow.broker")
 
 #: Seconds between the node's rounds (requests out, holds promoted).
-TICK_S: Final = 0.02
+TICK_S: Final = 0.05
 #: Seconds between broadcasts of the owner's state (also sent on each change).
 STATE_EVERY_S: Final = 0.5
 #: At most one "definitions changed" notice per this many seconds.
@@ -132,9 +132,11 @@ class ClusterNode:
             elif not book.publish(key, size, now):
                 self.gateway.calm = False
                 self._kick()
+        if book.due:
+            self._kick()
 
     def _kick(self) -> None:
-        """A new hold: ask at once rather than at the next round."""
+        """A new hold, or half a batch used: ask at once rather than at the next round."""
         if self._kicked:
             return
         self._kicked = True
@@ -449,7 +451,15 @@ class ClusterNode:
             self._reply(member, {"t": "free", "v": key[0], "q": key[1]})
             return
         request = Request(member, _name(key), float(message["a"]))
-        grant = owner.grant(key, request, self._monotonic(), on=gateway.queue_on(key))
+        grant = owner.grant(
+            key,
+            request,
+            self._monotonic(),
+            on=gateway.queue_on(key),
+            stop=thresholds.stop_count if not thresholds.stop_size else 0,
+            depth=gateway.depth.get(key).messages,
+            sharers=max(1, len(self.members)),
+        )
         if grant is not None:
             self._reply(
                 member,

@@ -685,8 +685,14 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
         """Owner: other members enqueued (positive) or removed (negative)
         messages of the queue."""
-        if messages or size:
-            self.depth.add(key, messages, size, self._monotonic())
+        if not messages and not size:
+            return
+        depth = self.depth.add(key, messages, size, self._monotonic())
+        if (
+            depth.messages > depth.hi_messages
+            or depth.bytes > depth.hi_bytes
+            or (depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes)
+        ):
             self._observe(key)
 
     def flowed_queues(self) -> list[QueueKey]:

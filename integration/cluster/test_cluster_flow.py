@@ -259,3 +259,81 @@ def test_stopped_member_holds_completions_and_rejoins(
     peak = watcher.finish()
     bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
     assert peak <= bound, f"peak depth {peak} over {bound}"
+
+
+class FailoverProducer(threading.Thread):
+    """An SDK producer given every member, its own first; records what send() accepted."""
+
+    def __init__(self, urls: list[str], queue: str, pid: str, count: int) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.queue, self.pid, self.count = urls, queue, pid, count
+        self.accepted: list[str] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        import rabbitflow
+
+        try:
+            factory = rabbitflow.ConnectionFactory(
+                "failover:(" + ",".join(self.urls) + ")",
+                properties={"qpid.flow_control_wait_failure": 60_000},
+            )
+            with factory.create_connection() as connection:
+                session = connection.create_session()
+                producer = session.create_producer(
+                    session.create_queue(self.queue), capacity=CAPACITY
+                )
+                for seq in range(self.count):
+                    body = f"{self.pid}:{seq}"
+                    producer.send(session.create_text_message(body))
+                    self.accepted.append(body)
+                session.close()
+        except BaseException as exc:
+            self.error = exc
+
+
+@pytest.mark.slow
+def test_member_killed_its_producers_fail_over_nothing_lost_bound_holds(
+    broker: Broker,
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
+    owner_id = _ready_cluster(members)
+    victim = next(m for m in members if m.cluster_view()["member"] != owner_id)
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(members[0], queue)
+    watcher = DepthWatcher(broker, queue)
+    watcher.start()
+    consumer = SlowConsumer(broker, queue, pause=0.002)
+    consumer.start()
+    producers = []
+    for member in members:
+        # Each producer's own member first, then the others.
+        urls = [member.url] + [m.url for m in members if m is not member]
+        producers += [FailoverProducer(urls, queue, f"{member.index}.{i}", 800) for i in range(2)]
+    for producer in producers:
+        producer.start()
+    try:
+        wait_for(lambda: all(len(p.accepted) > 100 for p in producers), timeout=60, what="flowing")
+        victim.kill()  # mid-stream: its producers move to the other members
+        for producer in producers:
+            producer.join(120)
+            assert not producer.is_alive(), f"producer {producer.pid} still sending"
+            assert producer.error is None, f"producer {producer.pid}: {producer.error!r}"
+        accepted = {body for p in producers for body in p.accepted}
+        assert len(accepted) == len(producers) * 800
+        wait_for(
+            lambda: accepted <= {b.decode() for b in consumer.bodies},
+            timeout=60,
+            interval=0.2,
+            what="every accepted message consumed",
+        )
+    finally:
+        consumer.halt.set()
+        consumer.join(10)
+    peak = watcher.finish()
+    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
+    assert peak <= bound, f"peak depth {peak} over {bound}"

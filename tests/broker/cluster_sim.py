@@ -95,10 +95,13 @@ class Simulation:
         crash_rate: float = 0.0,
         owner_crash_rate: float = 0.0,
         poll: float = 0.25,
+        room_grants: bool = False,
     ) -> None:
         self.rng = random.Random(seed)
         self.stop, self.resume, self.batch, self.lease = stop, resume, batch, lease
         self.poll = poll
+        # Grants beyond a batch out of the room below the stop threshold.
+        self.sharers = members if room_grants else 0
         self.bus = Bus(self.rng, max_delay, drop)
         self.now = 0.0
         self.depth = 0  # what RabbitMQ holds
@@ -200,7 +203,7 @@ class Simulation:
                 if not self.members[self.owner_member].alive:
                     continue
                 if isinstance(message, Request):
-                    grant, update = self.owner.request(message, self.now)
+                    grant, update = self.owner.request(message, self.now, sharers=self.sharers)
                     if grant is not None:
                         self.bus.send(grant.member, grant)
                     if update is not None:

@@ -117,3 +117,31 @@ def test_the_owner_tops_up_to_one_batch_and_waits_a_lease_first() -> None:
     assert owner.grant(KEY, Request("m2", NAME, 102.1), 102.1, on=True) is None
     assert owner.outstanding(KEY) == 10
     assert owner.expire(104.0) == {KEY: 10}  # unreported: counted as enqueued
+
+
+def test_far_below_the_stop_threshold_grants_share_the_room() -> None:
+    owner = OwnerBook("o", batch=10, lease=2.0, epoch=3, started_at=0.0)
+    kwargs = {"on": False, "stop": 1000, "sharers": 2}
+    first = owner.grant(KEY, Request("m1", NAME, 5.0), 5.0, depth=100, **kwargs)
+    assert first is not None
+    assert first.amount == 160  # MAX_GRANT_BATCHES batches, well within (1000 - 100) / 2
+    # Near the threshold the room is small: a batch at most, topped up.
+    near = owner.grant(KEY, Request("m2", NAME, 5.0), 5.0, depth=820, **kwargs)
+    assert near is not None
+    assert near.amount == 10
+    # depth + everything outstanding stays within stop + M x B.
+    assert 820 + owner.outstanding(KEY) <= 1000 + 2 * 10
+
+
+def test_a_member_asks_again_when_half_its_last_grant_is_used() -> None:
+    book = _book()
+    book.publish(KEY, 0, now=0.0)
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request, amount=100), now=0.0)  # 1 paid, 99 left
+    for _ in range(48):
+        book.publish(KEY, 0, now=0.1)
+    assert book.due is False
+    book.publish(KEY, 0, now=0.1)  # the 50th use since the ask
+    assert book.due is True
+    (again,) = book.requests(now=0.1)
+    assert again.asked_at == 0.1

@@ -13,9 +13,13 @@ SEEDS = range(12)
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("members", [2, 3, 10, 50])
-def test_the_bound_holds_and_a_drained_queue_is_released(seed: int, members: int) -> None:
+@pytest.mark.parametrize("room_grants", [False, True])
+def test_the_bound_holds_and_a_drained_queue_is_released(
+    seed: int, members: int, room_grants: bool
+) -> None:
     sim = Simulation(
         seed,
+        room_grants=room_grants,
         members=members,
         capacities=[5 + (i * 7) % 20 for i in range(max(members, 6))],
         stop=300,
@@ -29,9 +33,11 @@ def test_the_bound_holds_and_a_drained_queue_is_released(seed: int, members: int
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_member_and_owner_crashes_keep_the_bound(seed: int) -> None:
+@pytest.mark.parametrize("room_grants", [False, True])
+def test_member_and_owner_crashes_keep_the_bound(seed: int, room_grants: bool) -> None:
     sim = Simulation(
         seed,
+        room_grants=room_grants,
         members=5,
         capacities=[10] * 10,
         stop=200,
