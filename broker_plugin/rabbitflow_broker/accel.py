@@ -43,6 +43,8 @@ __all__ = [
 #: The compiled modules (of the package ``rabbitflow_broker``).
 MODULES: Final = (
     "amqp",
+    "cluster",
+    "cluster_book",
     "confirms",
     "cpu_yield",
     "depth",

@@ -49,6 +49,10 @@ QueueKey = tuple[str, str]
 FLOW_AFTER_S: Final = 0.25
 #: How long the owner's "no thresholds" answer is trusted before asking again.
 FREE_FOR_S: Final = 5.0
+#: :meth:`MemberBook.published`: a queue's completions started being held.
+NEW_HOLD: Final = 1
+#: :meth:`MemberBook.published`: a request is due (half a grant used).
+DUE: Final = 2
 #: Removals are reported at least this often when nothing else goes out.
 REPORT_EVERY_S: Final = 0.25
 
@@ -109,6 +113,22 @@ class MemberBook:
             entry.held_since = now
             self.held.add(key)
         return False
+
+    def published(self, vhost: str, route: frozenset[str], size: int, now: float) -> int:
+        """A publish routed to ``route`` (the hub's per-publish call):
+        :data:`NEW_HOLD` when a queue's completions started being held,
+        :data:`DUE` when a request is due, 0 when nothing needs saying."""
+        held = self.held
+        flags = 0
+        for queue in route:
+            key = (vhost, queue)
+            if key in held:
+                self.publish(key, size, now)
+            elif not self.publish(key, size, now):
+                flags |= NEW_HOLD
+        if self.due:
+            flags |= DUE
+        return flags
 
     def removed(self, key: QueueKey, messages: int, size: int) -> None:
         """Messages left the queue through this member (acks, rejects...)."""

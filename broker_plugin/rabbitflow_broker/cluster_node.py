@@ -40,7 +40,6 @@ import structlog
 from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Report, Request
 from rabbitflow_broker.cluster_book import MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.cluster_bus import BusError, ControlBus
-from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.flow import Thresholds
 
 if TYPE_CHECKING:
@@ -88,8 +87,6 @@ class ClusterNode:
         self.lease = lease
         self._monotonic = monotonic
         self.book = MemberBook(member, batch, lease)
-        self.held = self.book.held
-        self.flowed = self.book.flowed
         self.owner = False
         self.owner_book: OwnerBook | None = None
         #: The owner's id as last broadcast (None: not known).
@@ -122,21 +119,8 @@ class ClusterNode:
 
     # -- the hub's side (ClusterLink) ------------------------------------------------
 
-    def published(self, vhost: str, route: Route, size: int, now: float) -> None:
-        book = self.book
-        held = book.held
-        for queue in route:
-            key = (vhost, queue)
-            if key in held:
-                book.publish(key, size, now)
-            elif not book.publish(key, size, now):
-                self.gateway.calm = False
-                self._kick()
-        if book.due:
-            self._kick()
-
-    def _kick(self) -> None:
-        """A new hold, or half a batch used: ask at once rather than at the next round."""
+    def kick(self) -> None:
+        """A new hold, or half a grant used: ask at once rather than at the next round."""
         if self._kicked:
             return
         self._kicked = True

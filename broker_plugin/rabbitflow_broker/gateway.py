@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rabbitflow_broker import mirror
+from rabbitflow_broker.cluster_book import NEW_HOLD, MemberBook
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth import DepthTracker, QueueKey
 from rabbitflow_broker.engine_io import Hub
@@ -101,12 +102,10 @@ class ClusterLink(Protocol):
 
     #: True while this member owns the cluster's accounting (decides flow).
     owner: bool
-    #: Queues whose completions are held for want of allowance.
-    held: set[QueueKey]
-    #: Of those, the ones held long enough to flow their channels.
-    flowed: set[QueueKey]
+    #: The member's allowances (holds: ``book.held``, ``book.flowed``).
+    book: MemberBook
 
-    def published(self, vhost: str, route: Route, size: int, now: float) -> None: ...
+    def kick(self) -> None: ...
 
     def removed(self, key: QueueKey, messages: int, size: int) -> None: ...
 
@@ -190,13 +189,15 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         # so the predicates handed to engines read them as they change).
         self._held: set[QueueKey] = _NO_HOLDS
         self._flowed: set[QueueKey] = _NO_HOLDS
+        self._book: MemberBook | None = None
 
     def join_cluster(self, cluster: ClusterLink) -> None:
         """Make this hub a cluster member's: the owner decides every queue's
         flow, and completions need the member's allowance."""
         self.cluster = cluster
-        self._held = cluster.held
-        self._flowed = cluster.flowed
+        self._book = cluster.book
+        self._held = cluster.book.held
+        self._flowed = cluster.book.flowed
 
     # -- connections ---------------------------------------------------------
 
@@ -721,8 +722,15 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             depth = tracker.add(key, 1, size, now)
             if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
                 self._observe(key)
-        if self.cluster is not None:
-            self.cluster.published(vhost, route, size, now)
+        book = self._book
+        if book is not None:
+            flags = book.published(vhost, route, size, now)
+            if flags:
+                if flags & NEW_HOLD:
+                    self.calm = False
+                cluster = self.cluster
+                assert cluster is not None
+                cluster.kick()
 
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
         """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
