@@ -8,8 +8,8 @@ import functools
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import tenacity
 
@@ -25,6 +25,7 @@ from ._consumer_flow import (
     StartConsuming,
     StopConsuming,
 )
+from ._endpoints import Endpoints, all_failed, parse_urls, redact
 from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
 from ._flow import GateEvent
 from ._log import get_logger
@@ -35,7 +36,9 @@ from ._session import AUTO_ACKNOWLEDGE, Session
 from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 
-__all__ = ["Connection", "ConnectionFactory", "ExceptionListener"]
+__all__ = ["Connection", "ConnectionFactory", "ExceptionListener", "connect_first"]
+
+R = TypeVar("R")
 
 _log = get_logger()
 ExceptionListener = Callable[[JMSException], None]
@@ -120,10 +123,13 @@ class _TransportEvents:
 
 
 class ConnectionFactory:
-    """Creates connections to one broker with one validated configuration.
+    """Creates connections to a broker (or one of several gateways) with one
+    validated configuration.
 
     ``url`` defaults to ``$RABBITFLOW_URL``, else
-    ``amqp://guest:guest@localhost:5672/%2F``.  ``properties`` override
+    ``amqp://guest:guest@localhost:5672/%2F``.  Several URLs (a list, a
+    string with commas, or ``failover:(url,url)``) are tried in order when
+    connecting, and round robin by every recovery attempt.  ``properties`` override
     ``rabbitflow.system_properties``, which override ``RABBITFLOW_OPTS``,
     which override the defaults.  An ``amqps://`` URL connects with TLS:
     ``ssl_context`` when given, else a context built from the
@@ -133,7 +139,7 @@ class ConnectionFactory:
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         *,
         properties: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -146,10 +152,13 @@ class ConnectionFactory:
 
         Raises:
             InvalidPropertyError: a property value is bad, a CA, certificate or
-                key file cannot be loaded, or TLS settings come with an
-                ``amqp://`` URL (the text names the item).
+                key file cannot be loaded, TLS settings come with an
+                ``amqp://`` URL, or the URLs are malformed, empty or mix
+                ``amqp://`` with ``amqps://`` (the text names the item).
         """
-        self.url = url or default_url()
+        #: Every broker URL, in the order they are tried; ``url`` is the first.
+        self.urls = parse_urls(default_url() if url is None or url == "" else url)
+        self.url = self.urls[0]
         self.config = ClientConfig.resolve(
             _system.environment_properties(), _system.explicit_system_properties(), properties
         )
@@ -161,15 +170,15 @@ class ConnectionFactory:
         self._wait = _wait or _condition_wait
 
     def create_connection(self) -> Connection:
-        """Connect to the broker.
+        """Connect to the broker (the first of its URLs that answers).
 
         Raises:
-            ConnectionLostError: the broker cannot be reached.
+            ConnectionLostError: no broker URL can be reached.
             BrokerError: authentication or access refused, bad URL.
             TLSError: the broker's TLS certificate is not trusted.
         """
         return Connection(
-            self.url,
+            self.urls,
             self.config,
             self._transport_factory,
             self._sleep,
@@ -179,16 +188,26 @@ class ConnectionFactory:
         )
 
     def __repr__(self) -> str:
-        return f"ConnectionFactory({_redact(self.url)!r}, config={self.config!r})"
+        urls = ",".join(redact(u) for u in self.urls)
+        return f"ConnectionFactory({urls!r}, config={self.config!r})"
 
 
-def _redact(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = creds.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}"
+def connect_first(endpoints: Endpoints, connect: Callable[[str], R]) -> R:
+    """``connect(url)`` for each URL in turn until one succeeds (the initial
+    connect: no backoff, each URL once).
+
+    Raises:
+        JMSException: every URL failed: the error of the only URL, else a
+            ConnectionLostError naming each URL's failure (an authentication
+            or TLS failure is raised as it is, as retrying will not help).
+    """
+    errors: list[tuple[str, JMSException]] = []
+    for url in endpoints.one_round():
+        try:
+            return connect(url)
+        except JMSException as exc:
+            errors.append((url, exc))
+    raise all_failed(errors)
 
 
 class Connection:
@@ -202,7 +221,7 @@ class Connection:
 
     def __init__(
         self,
-        url: str,
+        urls: Sequence[str],
         config: ClientConfig,
         transport_factory: TransportFactory,
         sleep: Callable[[float], None],
@@ -211,7 +230,7 @@ class Connection:
         wait: Waiter | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        self.url = url
+        self._endpoints = Endpoints(urls)
         self._ssl_context = ssl_context
         self.clock = clock
         self.wait = wait or _condition_wait
@@ -240,13 +259,21 @@ class Connection:
         self._flow_timer_at: float | None = None
         self.reconnect_count = 0
         self._recovery_thread: threading.Thread | None = None
-        self._transport, self._current = self._new_transport()
-        self._transport.connect()
+        self._transport, self._current = connect_first(self._endpoints, self._connected_transport)
 
-    def _new_transport(self) -> tuple[PikaTransport, int]:
+    def _connected_transport(self, url: str) -> tuple[PikaTransport, int]:
+        transport, generation = self._new_transport(url)
+        try:
+            transport.connect()
+        except JMSException:
+            transport.close()
+            raise
+        return transport, generation
+
+    def _new_transport(self, url: str) -> tuple[PikaTransport, int]:
         self._generation += 1
         transport = self._transport_factory(
-            self.url,
+            url,
             _TransportEvents(self, self._generation),
             heartbeat=self.config.heartbeat_s,
             name=self._name,
@@ -255,6 +282,16 @@ class Connection:
         return transport, self._generation
 
     # ------------------------------------------------------------- public
+    @property
+    def url(self) -> str:
+        """The broker URL in use (or last tried, while recovering)."""
+        return self._endpoints.current
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every broker URL, in the order they are tried."""
+        return self._endpoints.urls
+
     @property
     def started(self) -> bool:
         """True between start() and stop()."""
@@ -562,7 +599,12 @@ class Connection:
         if step.detach:
             self._detach_all()
         if step.start_recovery:
-            _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            _log.warning(
+                "Connection lost, recovering",
+                error=str(error),
+                connection=self._name,
+                url=redact(self.url),
+            )
             self._recovery_thread = threading.Thread(
                 target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
             )
@@ -607,7 +649,12 @@ class Connection:
                 return
             self.reconnect_count += 1
             self._cond.notify_all()
-        _log.info("Connection recovered", connection=self._name, attempts=attempts)
+        _log.info(
+            "Connection recovered",
+            connection=self._name,
+            attempts=attempts,
+            url=redact(self.url),
+        )
 
     def _reconnect_once(self) -> None:
         """One attempt: open a transport, restore every session on it.
@@ -620,7 +667,7 @@ class Connection:
             if self._link.closed:
                 return
             self._link.handle(LinkEvent.ATTEMPT)
-        transport, generation = self._new_transport()
+        transport, generation = self._new_transport(self._endpoints.next())
         try:
             transport.connect()
             with self._cond:
@@ -648,7 +695,7 @@ class Connection:
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
         error = ConnectionLostError(
-            f"connection to {_redact(self.url)} lost; recovery gave up after "
+            f"connection to {', '.join(redact(u) for u in self.urls)} lost; recovery gave up after "
             f"{attempts} attempt(s): {cause}"
         )
         error.__cause__ = cause

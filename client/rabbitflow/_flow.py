@@ -194,11 +194,17 @@ class FlowGate:
 # --------------------------------------------------------------------- window
 @dataclass(frozen=True, slots=True)
 class Publish(Generic[T]):
-    """An instruction to publish ``item`` now; it will carry delivery tag ``tag``."""
+    """An instruction to publish ``item`` now; it will carry delivery tag ``tag``.
+
+    ``resent``: published before on a connection that was lost before its
+    confirm came; the broker may hold it already, so the driver flags it as
+    redelivered.
+    """
 
     tag: int
     seq: int
     item: T
+    resent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +245,7 @@ class ProducerWindow(Generic[T]):
         self._queued: list[tuple[int, T]] = []  # heap by seq
         self._unconfirmed: dict[int, tuple[int, T]] = {}  # tag -> (seq, item)
         self._retry: set[int] = set()  # seqs nacked and not yet confirmed
+        self._resend: set[int] = set()  # seqs queued again after a connection loss
         self._resend_at = 0.0
         self._next_seq = 1
         self._next_tag = 1
@@ -332,12 +339,17 @@ class ProducerWindow(Generic[T]):
         else:
             count = len(self._queued)
         out: list[Publish[T]] = []
+        resend = self._resend
         for _ in range(count):
             seq, item = heapq.heappop(self._queued)
             tag = self._next_tag
             self._next_tag += 1
             self._unconfirmed[tag] = (seq, item)
-            out.append(Publish(tag, seq, item))
+            if resend and seq in resend:
+                resend.discard(seq)
+                out.append(Publish(tag, seq, item, True))
+            else:
+                out.append(Publish(tag, seq, item))
         return out
 
     def _tags(self, tag: int, multiple: bool) -> list[int]:
@@ -392,6 +404,7 @@ class ProducerWindow(Generic[T]):
             # only messages that can be duplicated.
             for seq, item in self._unconfirmed.values():
                 heapq.heappush(self._queued, (seq, item))
+                self._resend.add(seq)
             self.resent_count += len(self._unconfirmed)
             self._unconfirmed.clear()
             self._next_tag = 1
@@ -403,6 +416,7 @@ class ProducerWindow(Generic[T]):
         self._queued.clear()
         self._unconfirmed.clear()
         self._retry.clear()
+        self._resend.clear()
         return [item for _, item in items]
 
 

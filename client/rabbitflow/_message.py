@@ -15,10 +15,12 @@ from ._exceptions import IllegalStateError, MessageFormatError
 __all__ = [
     "NON_PERSISTENT",
     "PERSISTENT",
+    "REDELIVERED_HEADER",
     "BytesMessage",
     "Message",
     "TextMessage",
     "WireProperties",
+    "flagged_redelivered",
     "new_message_id",
 ]
 
@@ -27,6 +29,9 @@ PERSISTENT = 2
 _TEXT = "text/plain"
 _BYTES = "application/octet-stream"
 _TIMESTAMP_HEADER = "JMSTimestamp"  # ms precision; AMQP's timestamp has seconds only
+# Set on a message re-published after a connection loss (its confirm was
+# lost, so the broker may hold it twice); a receiver sees ``redelivered``.
+REDELIVERED_HEADER = "JMSRedelivered"
 _PropertyValue = str | int | float | bool | None
 
 
@@ -35,6 +40,13 @@ _PropertyValue = str | int | float | bool | None
 # (and reseeded in forked children) is as unique for message ids.
 _rng = random.Random(os.urandom(32))
 os.register_at_fork(after_in_child=lambda: _rng.seed(os.urandom(32)))
+
+
+def flagged_redelivered(props: WireProperties) -> WireProperties:
+    """``props`` with the header that makes a receiver see ``redelivered``."""
+    headers = dict(props.headers or {})
+    headers[REDELIVERED_HEADER] = True
+    return props._replace(headers=headers)
 
 
 def new_message_id() -> str:
@@ -174,6 +186,7 @@ class Message:
         """
         headers = dict(props.headers or {})
         ts_ms = headers.pop(_TIMESTAMP_HEADER, None)
+        resent = headers.pop(REDELIVERED_HEADER, None) is True
         timestamp = int(ts_ms) if isinstance(ts_ms, int) else (props.timestamp or 0) * 1000
         message: Message
         if props.content_type == _TEXT:
@@ -193,7 +206,7 @@ class Message:
         message.correlation_id = props.correlation_id
         message.reply_to = destination_from_text(props.reply_to)
         message.type = props.type
-        message.redelivered = redelivered
+        message.redelivered = redelivered or resent
         message.destination = destination
         message.delivery_mode = props.delivery_mode or NON_PERSISTENT
         message.priority = props.priority if props.priority is not None else 4

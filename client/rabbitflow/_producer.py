@@ -32,7 +32,14 @@ from ._flow import (
     SendWait,
 )
 from ._log import get_logger
-from ._message import NON_PERSISTENT, PERSISTENT, Message, WireProperties, new_message_id
+from ._message import (
+    NON_PERSISTENT,
+    PERSISTENT,
+    Message,
+    WireProperties,
+    flagged_redelivered,
+    new_message_id,
+)
 from ._transport import Delivery, TransportChannel
 
 if TYPE_CHECKING:
@@ -409,7 +416,12 @@ class MessageProducer:
             if publishes:
                 channel.publish_many(
                     [
-                        (p.item.exchange, p.item.routing_key, p.item.body, p.item.props)
+                        (
+                            p.item.exchange,
+                            p.item.routing_key,
+                            p.item.body,
+                            flagged_redelivered(p.item.props) if p.resent else p.item.props,
+                        )
                         for p in publishes
                     ],
                     False,

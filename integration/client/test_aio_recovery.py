@@ -13,22 +13,17 @@ second time), and ``close()`` confirms everything.
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pika
-import pika.exceptions
 import pytest
 
 from rabbitflow import aio
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
 
 from ..conftest import Broker
 from ._faults import Cut, FaultProxy
+from ._gateways import GatewayProcess, require_management
 from ._support import declare_queue, drain, numbers
 
 RECOVERY = {
@@ -106,71 +101,10 @@ async def test_tasks_lose_nothing_across_connection_cuts(
         assert _in_order_once_each(received, count), (name, len(received))
 
 
-class _Gateway:
-    """A gateway process on a fixed port, which can be killed and restarted."""
-
-    def __init__(self, broker: Broker, tmp_path: Path) -> None:
-        assert broker.management_url is not None
-        self.port = free_port()
-        self._broker = broker
-        self._tmp = tmp_path
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log = (tmp_path / "gateway.log").open("ab")
-
-    @property
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
-
-    def start(self) -> None:
-        assert self._broker.management_url is not None
-        self._process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rabbitflow_broker.cli",
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--admin-listen",
-                f"127.0.0.1:{free_port()}",
-                "--upstream",
-                self._broker.url,
-                "--management-url",
-                self._broker.management_url,
-                "--state-file",
-                str(self._tmp / "gateway-state.json"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self._log,
-        )
-        wait_for_amqp("127.0.0.1", self.port, 30)
-        # The gateway refuses logins until its first routing snapshot.
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                pika.BlockingConnection(pika.URLParameters(self.url)).close()
-                return
-            except pika.exceptions.AMQPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self._process is not None
-        self._process.send_signal(signal.SIGKILL)
-        self._process.wait(10)
-
-    def close(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            self._process.wait(10)
-        self._log.close()
-
-
 @pytest.fixture
-def gateway(broker: Broker, tmp_path: Path) -> Iterator[_Gateway]:
-    if broker.management_url is None:
-        pytest.skip("the gateway needs the management API")
-    gateway = _Gateway(broker, tmp_path)
+def gateway(broker: Broker, tmp_path: Path) -> Iterator[GatewayProcess]:
+    require_management(broker, pytest.fail)
+    gateway = GatewayProcess(broker, tmp_path)
     gateway.start()
     try:
         yield gateway
@@ -181,7 +115,7 @@ def gateway(broker: Broker, tmp_path: Path) -> Iterator[_Gateway]:
 @pytest.mark.asyncio
 async def test_tasks_lose_nothing_when_the_gateway_is_killed(
     broker: Broker,
-    gateway: _Gateway,
+    gateway: GatewayProcess,
     unique_name: Callable[[str], str],
     cleanup_queues: list[str],
 ) -> None:

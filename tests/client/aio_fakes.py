@@ -21,6 +21,8 @@ class Broker:
     published: list[tuple[int, bytes]] = field(default_factory=list)  # (transport index, body)
     transports: list[FakeAioTransport] = field(default_factory=list)
     refuse_connects: int = 0  # the next N connects fail
+    down: set[str] = field(default_factory=set)  # URLs that refuse connects
+    props: list[WireProperties] = field(default_factory=list)  # of each publish
 
 
 class FakeAioChannel:
@@ -63,10 +65,11 @@ class FakeAioChannel:
     def publish_many(self, items: list[tuple[str, str, bytes, WireProperties]]) -> None:
         if self.closed or self.transport.lost:
             raise rabbitflow.ProtocolError("channel is closed")
-        for _exchange, _key, body, _props in items:
+        for _exchange, _key, body, props in items:
             self.tags.append(self.next_tag)
             self.next_tag += 1
             self.transport.broker.published.append((self.transport.index, body))
+            self.transport.broker.props.append(props)
 
     def basic_consume_nowait(self, queue: str) -> None:
         self.consuming = True
@@ -100,8 +103,9 @@ class FakeAioChannel:
 
 
 class FakeAioTransport:
-    def __init__(self, broker: Broker, listener: Any) -> None:
+    def __init__(self, broker: Broker, listener: Any, url: str = "amqp://fake/") -> None:
         self.broker = broker
+        self.url = url
         self.listener = listener
         self.channels: list[FakeAioChannel] = []
         self.lost = False
@@ -116,6 +120,8 @@ class FakeAioTransport:
         return not (self.lost or self.closing)
 
     async def connect(self) -> None:
+        if self.url in self.broker.down:
+            raise rabbitflow.ConnectionLostError(f"fake broker {self.url} is down")
         if self.broker.refuse_connects:
             self.broker.refuse_connects -= 1
             raise rabbitflow.ConnectionLostError("fake broker refuses")
@@ -141,14 +147,16 @@ class FakeAioTransport:
         self.listener.on_unblocked()
 
 
-def fake_factory(broker: Broker, properties: dict[str, Any] | None = None) -> aio.ConnectionFactory:
+def fake_factory(
+    broker: Broker, properties: dict[str, Any] | None = None, url: str | list[str] = "amqp://fake/"
+) -> aio.ConnectionFactory:
     def make(url: str, listener: Any, **_kw: Any) -> FakeAioTransport:
-        transport = FakeAioTransport(broker, listener)
+        transport = FakeAioTransport(broker, listener, url)
         broker.transports.append(transport)
         return transport
 
     return aio.ConnectionFactory(
-        "amqp://fake/",
+        url,
         properties=properties,
         _transport_factory=make,  # type: ignore[arg-type]
     )

@@ -293,7 +293,11 @@ class Harness:
         return self.broker.transports[-1]
 
 
-def make_harness(properties: dict[str, Any] | None = None) -> Harness:
+def make_harness(
+    properties: dict[str, Any] | None = None,
+    url: str | list[str] = "amqp://fake/",
+    down: set[str] | None = None,
+) -> Harness:
     """A ConnectionFactory over the fakes."""
     broker = FakeBroker()
     clock = FakeClock()
@@ -302,11 +306,13 @@ def make_harness(properties: dict[str, Any] | None = None) -> Harness:
 
     def transport_factory(url: str, listener: Any, **kw: Any) -> FakeTransport:
         transport = FakeTransport(broker, url, listener, **kw)
+        if down is not None and url in down:
+            transport.fail_connect = rabbitflow.ConnectionLostError(f"fake {url} is down")
         broker.transports.append(transport)
         return transport
 
     factory = rabbitflow.ConnectionFactory(
-        "amqp://fake/",
+        url,
         properties=properties,
         _transport_factory=transport_factory,  # type: ignore[arg-type]
         _sleep=sleeps.append,

@@ -7,13 +7,13 @@ import asyncio
 import contextlib
 import functools
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import tenacity
 
 from .. import _system
-from .._connection import ExceptionListener, _redact
+from .._connection import ExceptionListener
 from .._consumer_flow import (
     Ack,
     ConnectionFlow,
@@ -24,6 +24,7 @@ from .._consumer_flow import (
     StartConsuming,
     StopConsuming,
 )
+from .._endpoints import Endpoints, all_failed, parse_urls, redact
 from .._exceptions import ConnectionLostError, IllegalStateError, JMSException
 from .._flow import GateEvent
 from .._log import get_logger
@@ -89,12 +90,13 @@ def reconnect_strategy(config: ClientConfig) -> tenacity.AsyncRetrying:
 class ConnectionFactory:
     """Creates asyncio connections with one validated configuration.
 
-    Same arguments and properties as ``rabbitflow.ConnectionFactory``.
+    Same arguments and properties as ``rabbitflow.ConnectionFactory``,
+    several URLs (or ``failover:(url,url)``) included.
     """
 
     def __init__(
         self,
-        url: str | None = None,
+        url: str | Sequence[str] | None = None,
         *,
         properties: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
@@ -103,9 +105,12 @@ class ConnectionFactory:
         """Validate the configuration.
 
         Raises:
-            InvalidPropertyError: a property value is bad (also a ValueError).
+            InvalidPropertyError: a property value is bad, or the URLs are
+                malformed, empty or mix amqp:// with amqps:// (also a ValueError).
         """
-        self.url = url or default_url()
+        #: Every broker URL, in the order they are tried; ``url`` is the first.
+        self.urls = parse_urls(default_url() if url is None or url == "" else url)
+        self.url = self.urls[0]
         self.config = ClientConfig.resolve(
             _system.environment_properties(), _system.explicit_system_properties(), properties
         )
@@ -113,19 +118,20 @@ class ConnectionFactory:
         self._transport_factory = _transport_factory or _aio_transport
 
     async def create_connection(self) -> Connection:
-        """Connect to the broker (on the running loop).
+        """Connect to the broker (the first of its URLs that answers, on the running loop).
 
         Raises:
-            ConnectionLostError: the broker cannot be reached (also a ConnectionError).
+            ConnectionLostError: no broker URL can be reached (also a ConnectionError).
             BrokerError: authentication or access refused, bad URL.
             TLSError: the broker's TLS certificate is not trusted.
         """
-        connection = Connection(self.url, self.config, self._transport_factory, self.ssl_context)
+        connection = Connection(self.urls, self.config, self._transport_factory, self.ssl_context)
         await connection._connect()
         return connection
 
     def __repr__(self) -> str:
-        return f"aio.ConnectionFactory({_redact(self.url)!r}, config={self.config!r})"
+        urls = ",".join(redact(u) for u in self.urls)
+        return f"aio.ConnectionFactory({urls!r}, config={self.config!r})"
 
 
 class _TransportEvents:
@@ -159,12 +165,12 @@ class Connection:
 
     def __init__(
         self,
-        url: str,
+        urls: Sequence[str],
         config: ClientConfig,
         transport_factory: TransportFactory,
         ssl_context: ssl.SSLContext | None,
     ) -> None:
-        self.url = url
+        self._endpoints = Endpoints(urls)
         self.config = config
         self._loop = asyncio.get_running_loop()
         self.clock: Callable[[], float] = self._loop.time
@@ -193,13 +199,28 @@ class Connection:
         self._transport: AioTransport
 
     async def _connect(self) -> None:
-        self._transport, self._current = self._new_transport()
-        await self._transport.connect()
+        """Connect to the first URL that answers, each tried once.
 
-    def _new_transport(self) -> tuple[AioTransport, int]:
+        Raises:
+            JMSException: every URL failed (see ``all_failed``).
+        """
+        errors: list[tuple[str, JMSException]] = []
+        for url in self._endpoints.one_round():
+            transport, generation = self._new_transport(url)
+            try:
+                await transport.connect()
+            except JMSException as exc:
+                await transport.close()
+                errors.append((url, exc))
+                continue
+            self._transport, self._current = transport, generation
+            return
+        raise all_failed(errors)
+
+    def _new_transport(self, url: str) -> tuple[AioTransport, int]:
         self._generation += 1
         transport = self._transport_factory(
-            self.url,
+            url,
             _TransportEvents(self, self._generation),
             heartbeat=self.config.heartbeat_s,
             name=self._name,
@@ -208,6 +229,16 @@ class Connection:
         return transport, self._generation
 
     # ------------------------------------------------------------- public
+    @property
+    def url(self) -> str:
+        """The broker URL in use (or last tried, while recovering)."""
+        return self._endpoints.current
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every broker URL, in the order they are tried."""
+        return self._endpoints.urls
+
     @property
     def started(self) -> bool:
         """True between start() and stop()."""
@@ -447,7 +478,12 @@ class Connection:
         if step.detach:
             self._detach_all()
         if step.start_recovery:
-            _log.warning("Connection lost, recovering", error=str(error), connection=self._name)
+            _log.warning(
+                "Connection lost, recovering",
+                error=str(error),
+                connection=self._name,
+                url=redact(self.url),
+            )
             self._recovery = self._loop.create_task(self._recover(error))
         elif step.detach:
             _log.warning(
@@ -481,13 +517,18 @@ class Connection:
             return
         self.reconnect_count += 1
         self._usable.set()
-        _log.info("Connection recovered", connection=self._name, attempts=attempts)
+        _log.info(
+            "Connection recovered",
+            connection=self._name,
+            attempts=attempts,
+            url=redact(self.url),
+        )
 
     async def _reconnect_once(self) -> None:
         if self._link.closed:
             return
         self._link.handle(LinkEvent.ATTEMPT)
-        transport, generation = self._new_transport()
+        transport, generation = self._new_transport(self._endpoints.next())
         try:
             await transport.connect()
             if self._closed_meanwhile():
@@ -509,7 +550,7 @@ class Connection:
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
         error = ConnectionLostError(
-            f"connection to {_redact(self.url)} lost; recovery gave up after "
+            f"connection to {', '.join(redact(u) for u in self.urls)} lost; recovery gave up after "
             f"{attempts} attempt(s): {cause}"
         )
         error.__cause__ = cause

@@ -31,7 +31,14 @@ from .._flow import (
     SendWait,
 )
 from .._log import get_logger
-from .._message import NON_PERSISTENT, PERSISTENT, Message, WireProperties, new_message_id
+from .._message import (
+    NON_PERSISTENT,
+    PERSISTENT,
+    Message,
+    WireProperties,
+    flagged_redelivered,
+    new_message_id,
+)
 from .._producer import _DELAYED, _ENFORCED, _FAILED, _REMOVED, _TIMEOUT
 from .._transport import Delivery
 from ._transport import settle
@@ -363,7 +370,14 @@ class MessageProducer:
         publishes = self._window.take(now)
         if publishes:
             try:
-                channel.publish_many([p.item for p in publishes])
+                channel.publish_many(
+                    [
+                        (p.item[0], p.item[1], p.item[2], flagged_redelivered(p.item[3]))
+                        if p.resent
+                        else p.item
+                        for p in publishes
+                    ]
+                )
             except JMSException:
                 return  # the channel/connection is going away; recovery re-sends
         due = self._window.publish_due()
