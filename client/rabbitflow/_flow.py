@@ -328,8 +328,9 @@ class ProducerWindow(Generic[T]):
         self.accepted_count += 1
         return seq
 
-    def take(self, now: float) -> list[Publish[T]]:
-        """What to publish now, in order, with the delivery tags it will get."""
+    def take(self, now: float, limit: int | None = None) -> list[Publish[T]]:
+        """What to publish now, in order, with the delivery tags it will get:
+        at most ``limit`` (the rest stays queued and ``publish_due`` says so)."""
         if not self.gate.is_open or not self._queued:
             return []
         if self._retry:
@@ -337,7 +338,7 @@ class ProducerWindow(Generic[T]):
                 return []
             count = 1
         else:
-            count = len(self._queued)
+            count = len(self._queued) if limit is None else min(len(self._queued), limit)
         out: list[Publish[T]] = []
         resend = self._resend
         for _ in range(count):

@@ -7,8 +7,9 @@ suspends tasks, never the loop.
   queue drains, though nobody sends again;
 * cancelling a task blocked in send(): the message is not sent and the
   producer stays usable;
-* the loop stays responsive while 100 tasks are blocked in send() and while
-  50 tasks publish at full speed;
+* the loop stays responsive (at most 20 ms of lag of its own at every tick)
+  while 100 tasks are blocked in send(), while 50 tasks publish at full
+  speed, and while one task fills a window of 5,000;
 * the gateway's flow control with 20 tasks sharing one connection: RabbitMQ's
   depth never exceeds stop + the sum of the producers' capacities;
 * a consumer under its flow limit, ``async for``: exactly once, in order
@@ -163,19 +164,45 @@ async def test_cancelling_a_task_blocked_in_send_leaves_the_message_unsent(
     assert drain(broker.url, name) == [b"after"]
 
 
+def _run_queue_wait() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux's
+    per-thread scheduler statistics; 0.0 where they are not kept)."""
+    try:
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class _Ticker:
-    """Measures event-loop lag: how late a 5 ms sleep wakes up."""
+    """Measures event-loop lag: how late a 5 ms sleep wakes up.
+
+    ``lags`` is the lag as the wall clock sees it.  ``own_lags`` takes away
+    the time the loop's thread was ready to run but the operating system
+    gave the CPU to other processes (a loaded machine): what is left is the
+    lag the loop's own work caused (callbacks, garbage collection, a
+    blocking call), which is what the driver decides.
+    """
 
     def __init__(self) -> None:
         self.lags: list[float] = []
+        self.own_lags: list[float] = []
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            start = loop.time()
+            start, queued = loop.time(), _run_queue_wait()
             await asyncio.sleep(0.005)
-            self.lags.append(loop.time() - start - 0.005)
+            lag = loop.time() - start - 0.005
+            self.lags.append(lag)
+            self.own_lags.append(max(lag - (_run_queue_wait() - queued), 0.0))
+
+    def take(self) -> tuple[list[float], list[float]]:
+        """The lags so far (wall clock, own), and start afresh."""
+        taken = (self.lags, self.own_lags)
+        self.lags, self.own_lags = [], []
+        return taken
 
     def stop(self) -> None:
         self._stop.set()
@@ -196,14 +223,20 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         stuck = await session.create_producer(await session.create_queue(blocked_name))
         await stuck.send(session.create_text_message("nacked"))
         await _until(lambda: stuck.nacked_count >= 1, 10, "the nack")
-        waiting = [
-            asyncio.create_task(stuck.send(session.create_text_message(str(n)))) for n in range(100)
-        ]
+        started = 0
+
+        async def send_blocked(n: int) -> None:
+            nonlocal started
+            started += 1  # (then on, in the same step, into send() until it suspends)
+            await stuck.send(session.create_text_message(str(n)))
+
+        waiting = [asyncio.create_task(send_blocked(n)) for n in range(100)]
+        await _until(lambda: started == 100, 10, "every task to block in send()")
         ticker = _Ticker()
         ticking = asyncio.create_task(ticker.run())
         await asyncio.sleep(2.0)
         assert not any(t.done() for t in waiting), "the sends should still be blocked"
-        blocked_lags, ticker.lags = ticker.lags, []
+        blocked = ticker.take()
 
         busy = await session.create_producer(await session.create_queue(busy_name))
 
@@ -215,7 +248,16 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
                 )
 
         await asyncio.wait_for(asyncio.gather(*(publish(i) for i in range(50))), 120)
-        busy_lags = ticker.lags
+        publishing = ticker.take()
+
+        # One task, a window of 5,000: its sends never wait, yet the loop runs.
+        wide = await session.create_producer(await session.create_queue(busy_name), capacity=5000)
+        for n in range(10000):
+            await wide.send(
+                session.create_text_message(f"wide:{n}"), delivery_mode=rabbitflow.NON_PERSISTENT
+            )
+        await _until(lambda: wide.unconfirmed_count == 0, 60, "the wide window's confirms")
+        widely = ticker.take()
         ticker.stop()
         await ticking
         for task in waiting:
@@ -223,20 +265,26 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         await asyncio.gather(*waiting, return_exceptions=True)
         drain(broker.url, blocked_name)
         await _until(lambda: stuck.unconfirmed_count == 0, 30, "the nacked message's re-send")
-    assert ready_count(broker.url, busy_name) == 50 * 200
-    for label, lags in (("100 tasks blocked", blocked_lags), ("50 tasks publishing", busy_lags)):
+    assert ready_count(broker.url, busy_name) == 50 * 200 + 10000
+    phases = (
+        ("100 tasks blocked", blocked),
+        ("50 tasks publishing", publishing),
+        ("1 task, window 5,000", widely),
+    )
+    for label, (lags, own) in phases:
         assert len(lags) >= 20, f"{label}: the ticker hardly ran ({len(lags)} ticks)"
-        median = statistics.median(lags)
-        p95 = statistics.quantiles(lags, n=20)[-1]
-        state = f"{label}: loop lag median {median * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms, "
-        state += f"max {max(lags) * 1000:.1f} ms"
-        # The loop answers other work within 20 ms while send() suspends 100
-        # tasks or 50 tasks keep the window full.  The p95 and max bounds are
-        # looser for a machine shared with other jobs, yet far below what a
-        # send blocking the loop would cost (its waits are 0.5 s and up).
-        assert median <= 0.020, state
-        assert p95 <= 0.050, state
-        assert max(lags) <= 0.400, state
+        state = (
+            f"{label}: {len(lags)} ticks, loop lag median {statistics.median(lags) * 1000:.1f} ms, "
+            f"max {max(lags) * 1000:.1f} ms; the loop's own part max {max(own) * 1000:.1f} ms"
+        )
+        # Every tick, not a percentile: the loop answers other work within
+        # 20 ms while send() suspends 100 tasks, while 50 tasks keep the
+        # window full, and while one task fills a window of 5,000.  The bound
+        # is on the loop's own part of each lag: the time other processes
+        # held the CPU (on a loaded machine, tens of milliseconds) is the
+        # operating system's, not the driver's.  A callback that computes or
+        # blocks for long, or a garbage collection, counts in full.
+        assert max(own) <= 0.020, state
 
 
 def _gateway_connection(url: str) -> pika.BlockingConnection:

@@ -35,6 +35,7 @@ class FakeAioChannel:
         self.acks: list[tuple[int, bool]] = []
         self.prefetch: list[int] = []
         self.consuming = False
+        self.batches: list[int] = []  # size of each publish_many
 
     async def confirm_select(self) -> None:
         pass
@@ -65,6 +66,7 @@ class FakeAioChannel:
     def publish_many(self, items: list[tuple[str, str, bytes, WireProperties]]) -> None:
         if self.closed or self.transport.lost:
             raise rabbitflow.ProtocolError("channel is closed")
+        self.batches.append(len(items))
         for _exchange, _key, body, props in items:
             self.tags.append(self.next_tag)
             self.next_tag += 1

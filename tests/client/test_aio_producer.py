@@ -311,3 +311,40 @@ async def test_tasks_waiting_on_a_full_window_go_in_the_order_they_came() -> Non
     channel.emit_ack(7)
     await asyncio.gather(*waiting)
     assert _bodies(broker) == [b"first", *(f"w{n}".encode() for n in range(6))]
+
+
+@pytest.mark.asyncio
+async def test_a_task_whose_sends_never_wait_still_lets_the_loop_run() -> None:
+    _, _, session, producer, _ = await _setup(capacity=1000)
+    turns = 0
+    sending = True
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while sending:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)  # the counter starts
+    before = turns
+    for n in range(640):  # the window never fills: no send has to wait
+        await producer.send(session.create_text_message(str(n)))
+    sending = False
+    await counter
+    # Without a yield the 640 sends would run in one turn of the loop.
+    assert turns - before >= 640 // 64 - 1
+
+
+@pytest.mark.asyncio
+async def test_a_long_queue_is_published_in_bounded_batches() -> None:
+    broker, connection, session, producer, channel = await _setup(capacity=2000)
+    for n in range(1500):
+        await producer.send(session.create_text_message(str(n)))
+    await _until(lambda: len(broker.published) == 1500, "the publishes")
+    broker.transports[-1].emit_lost()  # all 1,500 unconfirmed: re-sent at once
+    await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+    resent = broker.transports[-1].channels[-1]
+    await _until(lambda: sum(resent.batches) == 1500, "the re-sends")
+    assert max(resent.batches) <= 256
+    assert max(channel.batches) <= 256

@@ -52,6 +52,13 @@ __all__ = ["MessageProducer"]
 _ids = itertools.count(1)
 _log = get_logger()
 _Outgoing = tuple[str, str, bytes, WireProperties]
+# Bounded work per loop turn, so that other tasks (and the loop's I/O) get
+# their turn within milliseconds whatever the capacity: a task whose sends
+# never have to wait yields once every _YIELD_EVERY sends (a send that does
+# not suspend is no await at all to asyncio), and one pump publishes at most
+# _PUMP_BATCH messages before it lets the loop run again.
+_YIELD_EVERY = 64
+_PUMP_BATCH = 256
 
 
 class MessageProducer:
@@ -88,6 +95,7 @@ class MessageProducer:
         self._timer_at: float | None = None
         self._error: JMSException | None = None
         self._closed = False
+        self._streak = 0  # sends since one last suspended (see _YIELD_EVERY)
 
     # -------------------------------------------------------------- public
     @property
@@ -149,6 +157,10 @@ class MessageProducer:
             InvalidDestinationError: no destination, or a second one.
             InvalidPropertyError: bad delivery_mode, priority or time_to_live.
         """
+        if self._streak >= _YIELD_EVERY:
+            # Before anything is accepted: a task cancelled here sent nothing.
+            self._streak = 0
+            await asyncio.sleep(0)
         target = self._target(destination)
         if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
             raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
@@ -172,8 +184,10 @@ class MessageProducer:
             if not self._context.usable() or not self._window.can_accept():
                 await self._context.wait_usable()
                 waited = await self._wait_for_room(target, span)
+                self._streak = 0
             else:
                 waited = 0.0
+                self._streak += 1
             outgoing = (
                 target.exchange,
                 target.routing_key,
@@ -367,7 +381,7 @@ class MessageProducer:
         if channel is None or channel.closed:
             return
         now = self._clock()
-        publishes = self._window.take(now)
+        publishes = self._window.take(now, _PUMP_BATCH)
         if publishes:
             try:
                 channel.publish_many(
@@ -381,6 +395,9 @@ class MessageProducer:
             except JMSException:
                 return  # the channel/connection is going away; recovery re-sends
         due = self._window.publish_due()
+        if due == 0.0 and len(publishes) == _PUMP_BATCH:
+            self._pump_handle = self._loop.call_soon(self._pump)  # the rest, next turn
+            return
         if due is not None and (self._timer_at is None or self._timer_at > due):
             if self._timer is not None:
                 self._timer.cancel()
@@ -394,11 +411,17 @@ class MessageProducer:
 
     def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
         """Publisher confirm for ``tag``."""
+        window = self._window
+        before = (window.can_accept(), window.flow_signalled, window.idle)
         if ack:
-            self._window.ack(tag, multiple)
+            window.ack(tag, multiple)
         else:
-            self._window.nack(tag, multiple, self._clock())
-        self._notify()
+            window.nack(tag, multiple, self._clock())
+        # Wake the waiting sends only if what they wait on changed: while a
+        # nacked message is retried, each of its nacks would otherwise wake
+        # every task blocked in send() to find nothing new, in one loop turn.
+        if (window.can_accept(), window.flow_signalled, window.idle) != before:
+            self._notify()
         if self._window.publish_due() is not None:
             self._pump()
 
