@@ -15,7 +15,8 @@ from ._destination import Destination, Queue, Topic
 from ._exceptions import IllegalStateError, JMSException
 from ._log import get_logger
 from ._message import Message
-from ._transport import Delivery, TransportChannel
+from ._transport_base import Delivery
+from ._transport_channel import TransportChannel
 
 if TYPE_CHECKING:
     from ._session import Session

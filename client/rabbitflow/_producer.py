@@ -40,7 +40,8 @@ from ._message import (
     flagged_redelivered,
     new_message_id,
 )
-from ._transport import Delivery, TransportChannel
+from ._transport_base import Delivery
+from ._transport_channel import TransportChannel
 
 if TYPE_CHECKING:
     from ._session import Session

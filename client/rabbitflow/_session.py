@@ -21,7 +21,8 @@ from ._exceptions import (
 )
 from ._message import BytesMessage, Message, TextMessage
 from ._producer import MessageProducer
-from ._transport import Delivery, TransportChannel
+from ._transport_base import Delivery
+from ._transport_channel import TransportChannel
 
 if TYPE_CHECKING:
     from ._connection import Connection

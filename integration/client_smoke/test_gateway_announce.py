@@ -13,7 +13,7 @@ import pytest
 import rabbitflow
 from integration.conftest import Broker
 from rabbitflow import _transport
-from rabbitflow._transport import GATEWAY_PROPERTY
+from rabbitflow._transport_base import GATEWAY_PROPERTY
 
 NOTE = "Connected straight to RabbitMQ"
 

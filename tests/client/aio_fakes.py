@@ -12,7 +12,8 @@ import rabbitflow
 from rabbitflow import aio
 from rabbitflow._exceptions import InvalidDestinationError
 from rabbitflow._message import WireProperties
-from rabbitflow._transport import _DETACHED, Delivery
+from rabbitflow._transport_base import DETACHED as _DETACHED
+from rabbitflow._transport_base import Delivery
 
 
 @dataclass

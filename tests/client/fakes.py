@@ -12,7 +12,8 @@ from typing import Any
 import rabbitflow
 from rabbitflow._exceptions import InvalidDestinationError
 from rabbitflow._message import WireProperties
-from rabbitflow._transport import _DETACHED, Delivery
+from rabbitflow._transport_base import DETACHED as _DETACHED
+from rabbitflow._transport_base import Delivery
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from rabbitflow._transport import GATEWAY_PROPERTY, note_direct_rabbitmq
+from rabbitflow._transport_base import GATEWAY_PROPERTY, note_direct_rabbitmq
 
 _ports = itertools.count(41_000)
 

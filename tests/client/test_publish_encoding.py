@@ -8,7 +8,8 @@ import pika.spec
 import pytest
 
 from rabbitflow._message import WireProperties
-from rabbitflow._transport import _PublishEncoder, _to_pika
+from rabbitflow._transport_base import to_pika as _to_pika
+from rabbitflow._transport_frames import PublishEncoder as _PublishEncoder
 
 
 def _pika_frames(

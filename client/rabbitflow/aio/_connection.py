@@ -32,7 +32,7 @@ from .._properties import ClientConfig, default_url
 from .._recovery import Link, LinkEvent, LinkMachine
 from .._session import AUTO_ACKNOWLEDGE
 from .._tls import tls_context
-from .._transport import ChannelHandler, TransportListener
+from .._transport_base import ChannelHandler, TransportListener
 from ._consumer import MessageConsumer
 from ._producer import MessageProducer
 from ._session import Session

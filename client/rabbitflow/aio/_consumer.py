@@ -12,7 +12,7 @@ from .._consumer_flow import ConsumerFlowStats
 from .._destination import Destination, Topic
 from .._exceptions import IllegalStateError, JMSException
 from .._message import Message
-from .._transport import Delivery
+from .._transport_base import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:

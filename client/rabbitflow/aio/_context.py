@@ -11,7 +11,7 @@ from .._consumer_flow import ConsumerFlowStats
 from .._exceptions import JMSException
 from .._message import Message
 from .._properties import ClientConfig
-from .._transport import Delivery
+from .._transport_base import Delivery
 
 if TYPE_CHECKING:
     from ._consumer import MessageConsumer

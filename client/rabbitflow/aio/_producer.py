@@ -40,7 +40,7 @@ from .._message import (
     new_message_id,
 )
 from .._producer import _DELAYED, _ENFORCED, _FAILED, _REMOVED, _TIMEOUT
-from .._transport import Delivery
+from .._transport_base import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:

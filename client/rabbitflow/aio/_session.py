@@ -17,7 +17,7 @@ from .._exceptions import (
 )
 from .._message import BytesMessage, Message, TextMessage
 from .._session import AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, _AdminHandler
-from .._transport import Delivery
+from .._transport_base import Delivery
 from ._consumer import MessageConsumer
 from ._context import ConsumerContext, ProducerContext
 from ._producer import MessageProducer

@@ -3,7 +3,9 @@
 The only module of ``rabbitflow.aio`` that imports pika (its asyncio adapter).
 Everything here runs on the loop that created the connection; pika's
 callbacks arrive there too, so no locks are needed.  Frame encoding, error
-translation and property conversion are the sync transport's.
+translation, property conversion and pika's internals are shared with the
+sync transport (``_transport_frames``, ``_transport_base``,
+``_transport_patch``).
 """
 
 from __future__ import annotations
@@ -21,20 +23,20 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 
 from .._exceptions import BrokerError, ConnectionLostError, JMSException, ProtocolError
 from .._message import WireProperties
-from .._transport import (
-    _DETACHED,
+from .._transport_base import (
+    DETACHED,
+    RPC_TIMEOUT,
     ChannelHandler,
     Delivery,
     TransportListener,
-    _from_pika,
-    _PublishEncoder,
-    _to_pika,
+    from_pika,
+    to_pika,
     translate_error,
 )
+from .._transport_frames import PublishEncoder
+from .._transport_patch import marshaled_output
 
 __all__ = ["AioChannel", "AioTransport", "settle"]
-
-_RPC_TIMEOUT = 30.0
 
 
 def settle(future: asyncio.Future[None]) -> None:
@@ -62,7 +64,7 @@ class AioChannel:
 
     def detach(self) -> None:
         """Stop passing this channel's events on (its connection was lost)."""
-        self._handler = _DETACHED
+        self._handler = DETACHED
 
     @property
     def number(self) -> int:
@@ -107,7 +109,7 @@ class AioChannel:
                 method.exchange,
                 method.routing_key,
                 body,
-                _from_pika(props),
+                from_pika(props),
             )
         )
 
@@ -128,10 +130,10 @@ class AioChannel:
             self._pending.discard(future)
             raise translate_error(exc) from exc
         try:
-            async with asyncio.timeout(_RPC_TIMEOUT):
+            async with asyncio.timeout(RPC_TIMEOUT):
                 return await future
         except TimeoutError:
-            raise ProtocolError(f"the broker did not answer within {_RPC_TIMEOUT:g} s") from None
+            raise ProtocolError(f"the broker did not answer within {RPC_TIMEOUT:g} s") from None
         finally:
             self._pending.discard(future)
 
@@ -205,7 +207,7 @@ class AioChannel:
         except pika.exceptions.AMQPError:
             return
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_RPC_TIMEOUT):
+            async with asyncio.timeout(RPC_TIMEOUT):
                 await future
 
     # ------------------------------------------------- without waiting
@@ -222,7 +224,7 @@ class AioChannel:
         if output is None:
             try:
                 for exchange, routing_key, body, props in items:
-                    self._channel.basic_publish(exchange, routing_key, body, _to_pika(props))
+                    self._channel.basic_publish(exchange, routing_key, body, to_pika(props))
             except (pika.exceptions.AMQPError, OSError) as exc:
                 raise translate_error(exc) from exc
             return
@@ -319,7 +321,7 @@ class AioTransport:
         self._listener = listener
         self._connect_timeout = connect_timeout
         self._connection: Any = None
-        self.encoder = _PublishEncoder()
+        self.encoder = PublishEncoder()
         self.closing = False
         self.lost = False
         self._closed: asyncio.Future[None] | None = None
@@ -332,11 +334,7 @@ class AioTransport:
     def raw_output(self) -> tuple[Callable[[bytes], None], int] | None:
         """(write encoded frames, largest body frame payload), or None when
         pika's internals are not as expected."""
-        output = getattr(self._connection, "_output_marshaled_frames", None)
-        body_max = getattr(self._connection, "_body_max_length", None)
-        if output is None or not isinstance(body_max, int) or body_max <= 0:
-            return None
-        return (lambda data: output([data])), body_max
+        return marshaled_output(self._connection)
 
     async def connect(self) -> None:
         """Open the connection on the running loop.
@@ -424,7 +422,7 @@ class AioTransport:
         closed = self._closed
         assert closed is not None
         waits: list[asyncio.Future[Any]] = [future, closed]
-        await asyncio.wait(waits, timeout=_RPC_TIMEOUT, return_when="FIRST_COMPLETED")
+        await asyncio.wait(waits, timeout=RPC_TIMEOUT, return_when="FIRST_COMPLETED")
         if future.done() and not future.cancelled():
             return future.result()
         if not future.done():
