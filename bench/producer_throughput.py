@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pika
@@ -291,9 +292,25 @@ def _child(argv: list[str]) -> int:
     """Run one publisher in this process and print its seconds as JSON."""
     key, url, queue, size, messages, persistent = argv
     _, run = RUNS[key]
-    seconds = run(url, queue, payload(int(size)), int(messages), persistent == "1")
-    print(json.dumps({"seconds": seconds}))
+    body = payload(int(size))
+    cpu_before = time.process_time()
+    seconds = run(url, queue, body, int(messages), persistent == "1")
+    cpu = time.process_time() - cpu_before
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu}))
     return 0
+
+
+@dataclass(frozen=True)
+class CpuTiming(Timing):
+    """A timing with the CPU time of the publishing process (every thread:
+    the application's and the client's I/O thread)."""
+
+    cpu_seconds: float = 0.0
+
+    @property
+    def cpu_us_per_message(self) -> float:
+        """CPU microseconds per message."""
+        return self.cpu_seconds / self.messages * 1e6
 
 
 def run_in_process(
@@ -305,8 +322,8 @@ def run_in_process(
     *,
     persistent: bool,
     sdk_src: str | None = None,
-) -> float:
-    """Run publisher ``key`` in a fresh Python process; its seconds.  With
+) -> tuple[float, float]:
+    """Run publisher ``key`` in a fresh Python process; its seconds and CPU seconds.  With
     ``sdk_src`` the process imports ``rabbitflow`` from ``<sdk_src>/client``.
 
     Raises:
@@ -328,12 +345,13 @@ def run_in_process(
     )  # fmt: skip
     if result.returncode != 0:
         raise BenchError(f"run {key} failed: {result.stderr.strip()[-2000:]}")
-    return float(json.loads(result.stdout.strip().splitlines()[-1])["seconds"])
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    return float(answer["seconds"]), float(answer["cpu_seconds"])
 
 
 def measure_once(
     url: str, workload: str, key: str, size: int, messages: int, *, baseline: str | None = None
-) -> Timing:
+) -> CpuTiming:
     """One run of ``key`` on its own fresh queue.
 
     Raises:
@@ -345,7 +363,7 @@ def measure_once(
     if key == "t":
         messages -= messages % THREADS
     with scratch_queue(url, f"{key}-{size}", durable=persistent) as queue:
-        seconds = run_in_process(
+        seconds, cpu = run_in_process(
             key,
             url,
             queue,
@@ -359,7 +377,12 @@ def measure_once(
             raise BenchError(f"{label}: queue holds {depth} messages, expected {messages}")
         if key == "t":
             check_threads(url, queue, messages)
-    return Timing(label, size, messages, seconds)
+    return CpuTiming(label, size, messages, seconds, cpu)
+
+
+def _print_row(t: CpuTiming) -> None:
+    print_row(t)
+    print(f"{'':<40} {'':>6} {'':>9} {'cpu us/msg':>9} {t.cpu_us_per_message:>10.1f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,16 +431,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {workload}: {args.messages} messages per run ({args.blocking_messages} for b)")
         print_header()
         for size in sizes:
-            rounds: list[dict[str, Timing]] = []
+            rounds: list[dict[str, CpuTiming]] = []
             for r in range(args.rounds):
                 order = keys if r % 2 == 0 else list(reversed(keys))
-                timings: dict[str, Timing] = {}
+                timings: dict[str, CpuTiming] = {}
                 for key in order:
                     count = args.blocking_messages if key == "b" else args.messages
                     timings[key] = measure_once(
                         args.url, workload, key, size, count, baseline=args.baseline_src
                     )
-                    print_row(timings[key])
+                    _print_row(timings[key])
                 rounds.append(timings)
             targets = TARGETS[workload] + ([("A", "c", 0.0)] if args.baseline_src else [])
             for num, den, target in targets:
@@ -434,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
                         if target
                         else f"(rounds {per_round}; baseline tree)"
                     )
+                )
+            for key in keys:
+                cpus = [t[key].cpu_us_per_message for t in rounds]
+                summary.append(
+                    f"{workload:<11} {size:>5} B  {key} CPU median {statistics.median(cpus):.1f} "
+                    f"us/msg (rounds {' / '.join(f'{x:.1f}' for x in cpus)})"
                 )
     print()
     for line in summary:
