@@ -3,7 +3,6 @@ connection-wide events (blocked / lost) and consumer flow accounting."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import ssl
 import threading
@@ -32,7 +31,7 @@ from ._log import get_logger
 from ._producer import MessageProducer
 from ._properties import ClientConfig, default_url
 from ._recovery import Link, LinkEvent, LinkMachine
-from ._session import AUTO_ACKNOWLEDGE, Session
+from ._session import AUTO_ACKNOWLEDGE, Session, SessionContext
 from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 
@@ -341,10 +340,36 @@ class Connection:
             InvalidPropertyError: unknown acknowledge_mode.
         """
         self._check_not_closed()
-        session = Session(self, transacted, acknowledge_mode)
+        session = Session(self._session_context(), transacted, acknowledge_mode)
         with self._cond:
             self._sessions.append(session)
         return session
+
+    def _session_context(self) -> SessionContext:
+        return SessionContext(
+            connection=self,
+            config=self.config,
+            clock=self.clock,
+            wait=self.wait,
+            pumps_pending=self._pumps_pending,
+            wait_usable=self._wait_usable,
+            recovering_or_lost=self._recovering_or_lost,
+            open_channel=self._open_channel,
+            post=self._post,
+            call_later=self._call_later,
+            report=self._report,
+            started=lambda: self._started,
+            register_producer=self._register_producer,
+            unregister_producer=self._unregister_producer,
+            register_consumer=self._register_consumer,
+            unregister_consumer=self._unregister_consumer,
+            reset_consumer_flow=self._reset_consumer_flow,
+            flow_stats=self._flow_stats,
+            flow_delivered=self._flow_delivered,
+            flow_processed=self._flow_processed,
+            flow_acknowledged=self._flow_acknowledged,
+            closed=self._session_closed,
+        )
 
     def set_exception_listener(self, listener: ExceptionListener | None) -> None:
         """Call ``listener(error)`` when recovery gives up or the broker closes
@@ -503,7 +528,7 @@ class Connection:
             if consumer_id in self._consumers:
                 self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
-    def _register_consumer(self, consumer: MessageConsumer, *, app_acks: bool) -> None:
+    def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         with self._flow_lock:
             self._consumers[consumer.id] = consumer
             self._apply(
@@ -548,24 +573,6 @@ class Connection:
             if consumer_id not in self._consumers:
                 return ConsumerFlowStats(0, 0, 0, 0, 0, ())
             return self._flow.stats(consumer_id)
-
-    def _restart_consumer(self, consumer: MessageConsumer, *, rollback: bool) -> None:
-        """Redeliver the consumer's unacked messages: new channel, fresh accounting.
-
-        Closing the old channel requeues everything it had unacked, and no
-        stale delivery can reach the new one.
-        """
-        session = consumer._session
-        old = consumer._channel
-        if old is not None:
-            if rollback:
-                # Closing the channel discards the transaction anyway.
-                with contextlib.suppress(JMSException):
-                    old.tx_rollback()
-            old.close()
-        channel = session._rpc(lambda: session._consumer_channel(consumer))
-        consumer._attach(channel)
-        self._reset_consumer_flow(consumer)
 
     # ----------------------------------------- transport events (I/O thread)
     def _on_blocked(self, generation: int, reason: str) -> None:
@@ -679,7 +686,7 @@ class Connection:
                 self._link.handle(LinkEvent.CONNECTED)
                 sessions = list(self._sessions)
             for session in sessions:
-                session._restore(transport)
+                session._restore()
             with self._cond:
                 step = self._link.handle(LinkEvent.RESTORED)
                 self._cond.notify_all()

@@ -7,7 +7,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from . import _otel
 from ._consumer_flow import ConsumerFlowStats
@@ -18,14 +18,25 @@ from ._message import Message
 from ._transport_base import Delivery
 from ._transport_channel import TransportChannel
 
-if TYPE_CHECKING:
-    from ._session import Session
-
-__all__ = ["MessageConsumer"]
+__all__ = ["ConsumerContext", "MessageConsumer"]
 
 _ids = itertools.count(1)
 _log = get_logger()
 MessageListener = Callable[[Message], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerContext:
+    """What a consumer needs from its session and connection."""
+
+    started: Callable[[], bool]  # delivery to the application is on
+    report: Callable[[JMSException], None]  # to the exception listener
+    flow_stats: Callable[[int], ConsumerFlowStats]
+    flow_delivered: Callable[[int], None]  # the broker delivered one message
+    # the application's message for a buffered delivery of a channel generation
+    to_message: Callable[[MessageConsumer, int, Delivery], Message]
+    processed: Callable[[MessageConsumer, int, Delivery], None]  # handed out
+    closed: Callable[[MessageConsumer, int], None]  # closed, dropping n buffered
 
 
 class MessageConsumer:
@@ -38,14 +49,14 @@ class MessageConsumer:
 
     def __init__(
         self,
-        session: Session,
+        context: ConsumerContext,
         destination: Destination,
         queue: str,
         *,
         subscription: str | None = None,
     ) -> None:
         self.id = next(_ids)
-        self._session = session
+        self._context = context
         self._destination = destination
         self._queue = queue  # the AMQP queue consumed (server-named for topics)
         self.subscription = subscription
@@ -76,7 +87,7 @@ class MessageConsumer:
 
     def flow_stats(self) -> ConsumerFlowStats:
         """Delivered / processed / buffered counters and credit grant sizes."""
-        return self._session.connection._flow_stats(self.id)
+        return self._context.flow_stats(self.id)
 
     # ------------------------------------------------------------- receive
     def receive(self, timeout: float | None = None) -> Message | None:
@@ -101,7 +112,7 @@ class MessageConsumer:
         return self.receive(0)
 
     def _receive(self, timeout: float | None, *, listening: bool = False) -> Message | None:
-        connection = self._session.connection
+        started = self._context.started
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
@@ -111,7 +122,7 @@ class MessageConsumer:
                     return None
                 if self._error is not None:
                     raise self._error
-                if self._buffer and connection.started:
+                if self._buffer and started():
                     generation, delivery = self._buffer.popleft()
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -119,13 +130,13 @@ class MessageConsumer:
                     return None
                 self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
         try:
-            message = self._session._to_message(self, generation, delivery)
+            message = self._context.to_message(self, generation, delivery)
         except JMSException:
-            self._session._processed(self, generation, delivery)
+            self._context.processed(self, generation, delivery)
             raise
         _otel.receive_span(message, self._destination)
         if not listening:
-            self._session._processed(self, generation, delivery)
+            self._context.processed(self, generation, delivery)
             return message
         self._pending = (generation, delivery)
         return message
@@ -170,7 +181,7 @@ class MessageConsumer:
                 try:
                     message = self._receive(0.2, listening=True)
                 except JMSException as exc:
-                    self._session.connection._report(exc)
+                    self._context.report(exc)
                     return
                 if message is None:
                     continue
@@ -184,7 +195,7 @@ class MessageConsumer:
                     # Open MQ counts a message as consumed when the listener returns.
                     pending, self._pending = self._pending, None
                     if pending is not None:
-                        self._session._processed(self, *pending)
+                        self._context.processed(self, *pending)
         finally:
             with self._cond:
                 self._listener_thread = None
@@ -200,7 +211,7 @@ class MessageConsumer:
             self._buffer.clear()
             self._cond.notify_all()
             thread = self._listener_thread
-        self._session._consumer_closed(self, dropped)
+        self._context.closed(self, dropped)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
 
@@ -228,7 +239,7 @@ class MessageConsumer:
         with self._cond:
             if self._closed:
                 return
-            self._session.connection._flow_delivered(self.id)
+            self._context.flow_delivered(self.id)
             self._buffer.append((self._generation, delivery))
             self._cond.notify_all()
 
@@ -237,7 +248,7 @@ class MessageConsumer:
         with self._cond:
             self._error = error
             self._cond.notify_all()
-        self._session.connection._report(error)
+        self._context.report(error)
 
     # ------------------------------------------------------------ recovery
     def _attach(self, channel: TransportChannel) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _otel
 from ._destination import Destination, Queue, Topic
@@ -40,13 +41,11 @@ from ._message import (
     flagged_redelivered,
     new_message_id,
 )
+from ._properties import ClientConfig
 from ._transport_base import Delivery
 from ._transport_channel import TransportChannel
 
-if TYPE_CHECKING:
-    from ._session import Session
-
-__all__ = ["MessageProducer"]
+__all__ = ["MessageProducer", "ProducerContext"]
 
 _ids = itertools.count(1)
 _log = get_logger()
@@ -59,6 +58,22 @@ _REMOVED = "Broker enforced flow control is no longer in effect"
 # the I/O thread take the GIL; see MessageProducer._hand_off.
 _HANDOFF_AFTER = 0.001
 _HANDOFF_MAX = 0.002  # longest such a send waits for the pump to start
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerContext:
+    """What a producer needs from its session and connection."""
+
+    config: ClientConfig
+    clock: Callable[[], float]
+    wait: Callable[[threading.Condition, float], None]  # a condition wait (a test seam)
+    pumps_pending: set[int]  # ids of producers whose pump is posted and has not run
+    transacted: bool
+    wait_usable: Callable[[], None]  # return when the connection is open
+    post: Callable[[Callable[[], None]], None]  # run on the I/O thread
+    call_later: Callable[[float, Callable[[], None]], None]  # on the I/O thread
+    report: Callable[[JMSException], None]  # to the exception listener
+    closed: Callable[[MessageProducer], None]  # the producer closed
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,19 +100,19 @@ class MessageProducer:
 
     def __init__(
         self,
-        session: Session,
+        context: ProducerContext,
         destination: Destination | None,
         capacity: int,
     ) -> None:
-        config = session.connection.config
+        config = context.config
         self.id = f"producer-{next(_ids)}"
-        self._session = session
+        self._context = context
         self._destination = destination
         self._config = config
-        self._clock = session.connection.clock
-        self._wait = session.connection.wait
-        self._pumps_pending = session.connection._pumps_pending
-        self._transacted = session.transacted
+        self._clock = context.clock
+        self._wait = context.wait
+        self._pumps_pending = context.pumps_pending
+        self._transacted = context.transacted
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._pumped = threading.Condition(lock)  # notified when a pump starts
@@ -206,7 +221,7 @@ class MessageProducer:
             target.exchange, target.routing_key, message.body_bytes(), message.to_wire()
         )
         try:
-            self._session.connection._wait_usable()
+            self._context.wait_usable()
             with self._cond:
                 waited = self._wait_for_room(target, span)
                 self._window.accept(outgoing)
@@ -222,7 +237,7 @@ class MessageProducer:
             raise
         _otel.end_send(span, None, waited)
         if schedule:
-            self._session.connection._post(self._pump)
+            self._context.post(self._pump)
 
     def close(self) -> None:
         """Wait until every send is confirmed, then close (idempotent).
@@ -250,7 +265,7 @@ class MessageProducer:
             self._closed = True
             self._window.handle(GateEvent.CLOSE)
             self._cond.notify_all()
-        self._session._producer_closed(self)
+        self._context.closed(self)
         if self._channel is not None and not self._transacted:
             self._channel.close()
         if pending:
@@ -438,7 +453,7 @@ class MessageProducer:
             # After a take, only a retry backoff can be due (at once would
             # have been taken); the timer publishes when it ends.
             self._timer_at = due
-            self._session.connection._call_later(max(due - self._clock(), 0.0), self._on_timer)
+            self._context.call_later(max(due - self._clock(), 0.0), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer_at = None
@@ -475,7 +490,7 @@ class MessageProducer:
         with self._cond:
             self._error = error
             self._cond.notify_all()
-        self._session.connection._report(error)
+        self._context.report(error)
 
     # ------------------------------------------- connection-level (any thread)
     def _gate(self, event: GateEvent, reason: str = "") -> None:
@@ -486,7 +501,7 @@ class MessageProducer:
             self._cond.notify_all()
         self._log_notices(notices)
         if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
-            self._session.connection._post(self._pump)
+            self._context.post(self._pump)
 
     def _lost(self) -> None:
         """The connection (or a recovery attempt) was lost: leave its channel;

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
-from ._consumer import MessageConsumer
+from ._consumer import ConsumerContext, MessageConsumer
+from ._consumer_flow import ConsumerFlowStats
 from ._destination import Destination, Queue, Topic
 from ._exceptions import (
     ConnectionLostError,
@@ -20,13 +23,10 @@ from ._exceptions import (
     TransactionRolledBackError,
 )
 from ._message import BytesMessage, Message, TextMessage
-from ._producer import MessageProducer
-from ._transport_base import Delivery
+from ._producer import MessageProducer, ProducerContext
+from ._properties import ClientConfig
+from ._transport_base import ChannelHandler, Delivery
 from ._transport_channel import TransportChannel
-
-if TYPE_CHECKING:
-    from ._connection import Connection
-    from ._transport import PikaTransport
 
 __all__ = [
     "AUTO_ACKNOWLEDGE",
@@ -34,6 +34,7 @@ __all__ = [
     "DUPS_OK_ACKNOWLEDGE",
     "SESSION_TRANSACTED",
     "Session",
+    "SessionContext",
 ]
 
 R = TypeVar("R")
@@ -43,6 +44,51 @@ AUTO_ACKNOWLEDGE = 1
 CLIENT_ACKNOWLEDGE = 2
 DUPS_OK_ACKNOWLEDGE = 3
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, SESSION_TRANSACTED}
+
+
+class ConnectionControl(Protocol):
+    """The application's view of a session's connection."""
+
+    def start(self) -> None:
+        """Start (or resume) delivery to consumers."""
+
+    def stop(self) -> None:
+        """Pause delivery to consumers."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+    def set_exception_listener(self, listener: Callable[[JMSException], None] | None) -> None:
+        """Call ``listener(error)`` on asynchronous failures."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What a session (and through it, its producers and consumers) needs
+    from its connection."""
+
+    connection: ConnectionControl
+    config: ClientConfig
+    clock: Callable[[], float]
+    wait: Callable[[threading.Condition, float], None]  # a condition wait (a test seam)
+    pumps_pending: set[int]  # ids of producers whose pump is posted and has not run
+    wait_usable: Callable[[], None]  # return when the connection is open
+    recovering_or_lost: Callable[[], bool]
+    open_channel: Callable[[ChannelHandler], TransportChannel]
+    post: Callable[[Callable[[], None]], None]  # run on the I/O thread
+    call_later: Callable[[float, Callable[[], None]], None]  # on the I/O thread
+    report: Callable[[JMSException], None]  # to the exception listener
+    started: Callable[[], bool]  # delivery to consumers is on
+    register_producer: Callable[[MessageProducer], None]
+    unregister_producer: Callable[[MessageProducer], None]
+    register_consumer: Callable[[MessageConsumer, bool], None]  # (consumer, app acks)
+    unregister_consumer: Callable[[MessageConsumer], None]
+    reset_consumer_flow: Callable[[MessageConsumer], None]  # fresh accounting
+    flow_stats: Callable[[int], ConsumerFlowStats]
+    flow_delivered: Callable[[int], None]
+    flow_processed: Callable[[int, int], None]  # (consumer id, delivery tag)
+    flow_acknowledged: Callable[[int], None]
+    closed: Callable[[Session], None]  # the session closed
 
 
 class _Declared(enum.Enum):
@@ -79,12 +125,14 @@ class Session:
     threads.
     """
 
-    def __init__(self, connection: Connection, transacted: bool, acknowledge_mode: int) -> None:
+    def __init__(self, context: SessionContext, transacted: bool, acknowledge_mode: int) -> None:
         if acknowledge_mode not in _MODES:
             raise InvalidPropertyError(
                 "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
             )
-        self.connection = connection
+        self._context = context
+        #: The connection that created this session.
+        self.connection = context.connection
         self.transacted = bool(transacted) or acknowledge_mode == SESSION_TRANSACTED
         self.acknowledge_mode = SESSION_TRANSACTED if self.transacted else acknowledge_mode
         self._lock = threading.RLock()
@@ -110,11 +158,11 @@ class Session:
             JMSException: the broker refused.
         """
         for _ in range(5):
-            self.connection._wait_usable()
+            self._context.wait_usable()
             try:
                 return fn()
             except ConnectionLostError:
-                if not self.connection._recovering_or_lost():
+                if not self._context.recovering_or_lost():
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
 
@@ -122,7 +170,7 @@ class Session:
         with self._lock:
             channel = self._admin_channel
             if channel is None or channel.closed:
-                channel = self.connection._open_channel(_AdminHandler())
+                channel = self._context.open_channel(_AdminHandler())
                 self._admin_channel = channel
             return channel
 
@@ -210,21 +258,48 @@ class Session:
         """
         self._check_open()
         if capacity is None:
-            capacity = self.connection.config.producer_capacity
+            capacity = self._context.config.producer_capacity
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        producer = MessageProducer(self, destination, capacity)
+        producer = MessageProducer(self._producer_context(), destination, capacity)
         channel = self._rpc(lambda: self._producer_channel(producer))
         producer._attach(channel)
         with self._lock:
             self._producers.append(producer)
-        self.connection._register_producer(producer)
+        self._context.register_producer(producer)
         return producer
 
+    def _producer_context(self) -> ProducerContext:
+        context = self._context
+        return ProducerContext(
+            config=context.config,
+            clock=context.clock,
+            wait=context.wait,
+            pumps_pending=context.pumps_pending,
+            transacted=self.transacted,
+            wait_usable=context.wait_usable,
+            post=context.post,
+            call_later=context.call_later,
+            report=context.report,
+            closed=self._producer_closed,
+        )
+
+    def _consumer_context(self) -> ConsumerContext:
+        context = self._context
+        return ConsumerContext(
+            started=context.started,
+            report=context.report,
+            flow_stats=context.flow_stats,
+            flow_delivered=context.flow_delivered,
+            to_message=self._to_message,
+            processed=self._processed,
+            closed=self._consumer_closed,
+        )
+
     def _producer_channel(self, producer: MessageProducer) -> TransportChannel:
-        channel = self.connection._open_channel(producer)
+        channel = self._context.open_channel(producer)
         if self.transacted:
             channel.tx_select()
         else:
@@ -238,7 +313,7 @@ class Session:
             if producer in self._producers:
                 self._producers.remove(producer)
             channel = self._producer_channels.pop(producer.id, None)
-        self.connection._unregister_producer(producer)
+        self._context.unregister_producer(producer)
         if channel is not None and self.transacted:
             channel.close()
 
@@ -259,10 +334,10 @@ class Session:
                 return destination.name
 
             queue = self._rpc(check)
-            consumer = MessageConsumer(self, destination, queue)
+            consumer = MessageConsumer(self._consumer_context(), destination, queue)
         elif isinstance(destination, Topic):
             queue = self._rpc(lambda: self._subscribe(destination, ""))
-            consumer = MessageConsumer(self, destination, queue)
+            consumer = MessageConsumer(self._consumer_context(), destination, queue)
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         self._start_consumer(consumer)
@@ -282,7 +357,7 @@ class Session:
         Queue(name)  # validates the name
         queue = self._rpc(lambda: self._subscribe(topic, name))
         self._record(_Declared.SUBSCRIPTION, topic.name, name)
-        consumer = MessageConsumer(self, topic, queue, subscription=name)
+        consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
         self._start_consumer(consumer)
         return consumer
 
@@ -312,12 +387,12 @@ class Session:
         consumer._attach(channel)
         with self._lock:
             self._consumers.append(consumer)
-        self.connection._register_consumer(
-            consumer, app_acks=self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
+        self._context.register_consumer(
+            consumer, self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
         )
 
     def _consumer_channel(self, consumer: MessageConsumer) -> TransportChannel:
-        channel = self.connection._open_channel(consumer)
+        channel = self._context.open_channel(consumer)
         if self.transacted:
             channel.tx_select()
         with self._lock:
@@ -329,7 +404,7 @@ class Session:
             if consumer in self._consumers:
                 self._consumers.remove(consumer)
             channel = self._channels.pop(consumer.id, None)
-        self.connection._unregister_consumer(consumer)
+        self._context.unregister_consumer(consumer)
         if channel is not None:
             # Closing the channel returns every unacked message to the queue.
             channel.close()
@@ -337,7 +412,7 @@ class Session:
     def _processed(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> None:
         """The application is done with ``delivery`` (ack bookkeeping, refills)."""
         if generation == consumer._generation:
-            self.connection._flow_processed(consumer.id, delivery.delivery_tag)
+            self._context.flow_processed(consumer.id, delivery.delivery_tag)
 
     def _to_message(
         self, consumer: MessageConsumer, generation: int, delivery: Delivery
@@ -387,7 +462,7 @@ class Session:
         with self._lock:
             consumers = list(self._consumers)
         for consumer in consumers:
-            self.connection._flow_acknowledged(consumer.id)
+            self._context.flow_acknowledged(consumer.id)
 
     def recover(self) -> None:
         """Redeliver every unacknowledged message of this session.
@@ -423,7 +498,7 @@ class Session:
                 "the connection was lost during the transaction; it was rolled back"
             )
         for consumer in consumers:
-            self.connection._flow_acknowledged(consumer.id)
+            self._context.flow_acknowledged(consumer.id)
         try:
             for channel in self._tx_channels():
                 channel.tx_commit()
@@ -454,7 +529,25 @@ class Session:
         with self._lock:
             consumers = list(self._consumers)
         for consumer in consumers:
-            self.connection._restart_consumer(consumer, rollback=rollback)
+            self._restart_consumer(consumer, rollback=rollback)
+
+    def _restart_consumer(self, consumer: MessageConsumer, *, rollback: bool) -> None:
+        """Redeliver the consumer's unacked messages: new channel, fresh accounting.
+
+        Closing the old channel requeues everything it had unacked, and no
+        stale delivery can reach the new one.
+        """
+        with self._lock:
+            old = self._channels.get(consumer.id)
+        if old is not None:
+            if rollback:
+                # Closing the channel discards the transaction anyway.
+                with contextlib.suppress(JMSException):
+                    old.tx_rollback()
+            old.close()
+        channel = self._rpc(lambda: self._consumer_channel(consumer))
+        consumer._attach(channel)
+        self._context.reset_consumer_flow(consumer)
 
     # ------------------------------------------------------------- close
     def close(self) -> None:
@@ -483,7 +576,7 @@ class Session:
             admin, self._admin_channel = self._admin_channel, None
         if admin is not None:
             admin.close()
-        self.connection._session_closed(self)
+        self._context.closed(self)
         if errors:
             raise errors[0]
 
@@ -494,7 +587,7 @@ class Session:
         self.close()
 
     # ------------------------------------------------------------ recovery
-    def _restore(self, transport: PikaTransport) -> None:
+    def _restore(self) -> None:
         """Re-declare what this session declared and re-open its channels on a
         new connection (called by the connection's recovery thread).
 
@@ -521,4 +614,4 @@ class Session:
             if consumer.is_topic and consumer.subscription is None:
                 consumer._queue = self._subscribe(Topic(consumer.destination.name), "")
             consumer._attach(self._consumer_channel(consumer))
-            self.connection._reset_consumer_flow(consumer)
+            self._context.reset_consumer_flow(consumer)

@@ -35,7 +35,7 @@ from .._tls import tls_context
 from .._transport_base import ChannelHandler, TransportListener
 from ._consumer import MessageConsumer
 from ._producer import MessageProducer
-from ._session import Session
+from ._session import Session, SessionContext
 from ._transport import AioChannel, AioTransport
 
 __all__ = ["Connection", "ConnectionFactory"]
@@ -276,9 +276,32 @@ class Connection:
             InvalidPropertyError: unknown acknowledge_mode.
         """
         self._check_not_closed()
-        session = Session(self, acknowledge_mode)
+        session = Session(self._session_context(), acknowledge_mode)
         self._sessions.append(session)
         return session
+
+    def _session_context(self) -> SessionContext:
+        return SessionContext(
+            connection=self,
+            config=self.config,
+            clock=self.clock,
+            usable=self._is_usable,
+            wait_usable=self._wait_usable,
+            recovering_or_lost=self._recovering_or_lost,
+            open_channel=self._open_channel,
+            report=self._report,
+            started=self._is_started,
+            register_producer=self._register_producer,
+            unregister_producer=self._unregister_producer,
+            register_consumer=self._register_consumer,
+            unregister_consumer=self._unregister_consumer,
+            reset_consumer_flow=self._reset_consumer_flow,
+            flow_stats=self._flow_stats,
+            flow_delivered=self._flow_delivered,
+            flow_processed=self._flow_processed,
+            flow_acknowledged=self._flow_acknowledged,
+            closed=self._session_closed,
+        )
 
     def set_exception_listener(self, listener: ExceptionListener | None) -> None:
         """Call ``listener(error)`` when recovery gives up or the broker closes
@@ -419,7 +442,7 @@ class Connection:
         if consumer_id in self._consumers:
             self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
-    def _register_consumer(self, consumer: MessageConsumer, *, app_acks: bool) -> None:
+    def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         self._consumers[consumer.id] = consumer
         self._apply(
             self._flow.register(

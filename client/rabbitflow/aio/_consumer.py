@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import _otel
@@ -16,12 +18,24 @@ from .._transport_base import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:
-    from ._context import ConsumerContext
     from ._transport import AioChannel
 
-__all__ = ["MessageConsumer"]
+__all__ = ["ConsumerContext", "MessageConsumer"]
 
 _ids = itertools.count(1_000_000)  # apart from the sync consumers' ids
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerContext:
+    """A consumer's view of its connection and session."""
+
+    started: Callable[[], bool]  # delivery to the application is on
+    report: Callable[[JMSException], None]
+    flow_stats: Callable[[int], ConsumerFlowStats]
+    flow_delivered: Callable[[int], None]  # the broker delivered one message
+    to_message: Callable[[MessageConsumer, int, Delivery], Message]
+    processed: Callable[[MessageConsumer, int, Delivery], None]  # handed out
+    closed: Callable[[MessageConsumer], Awaitable[None]]  # the consumer closed
 
 
 class MessageConsumer:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _otel as _tracing
@@ -40,14 +42,14 @@ from .._message import (
     new_message_id,
 )
 from .._producer import _DELAYED, _ENFORCED, _FAILED, _REMOVED, _TIMEOUT
+from .._properties import ClientConfig
 from .._transport_base import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:
-    from ._context import ProducerContext
     from ._transport import AioChannel
 
-__all__ = ["MessageProducer"]
+__all__ = ["MessageProducer", "ProducerContext"]
 
 _ids = itertools.count(1)
 _log = get_logger()
@@ -59,6 +61,18 @@ _Outgoing = tuple[str, str, bytes, WireProperties]
 # _PUMP_BATCH messages before it lets the loop run again.
 _YIELD_EVERY = 64
 _PUMP_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerContext:
+    """A producer's view of its connection and session."""
+
+    config: ClientConfig
+    clock: Callable[[], float]
+    usable: Callable[[], bool]  # the connection is open (not recovering)
+    wait_usable: Callable[[], Awaitable[None]]  # suspend until it is
+    report: Callable[[JMSException], None]  # to the exception listener
+    closed: Callable[[MessageProducer], None]  # the producer closed
 
 
 class MessageProducer:

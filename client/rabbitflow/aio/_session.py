@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from .._consumer_flow import ConsumerFlowStats
 from .._destination import Destination, Queue, Topic
 from .._exceptions import (
     ConnectionLostError,
@@ -16,20 +18,61 @@ from .._exceptions import (
     StaleMessageError,
 )
 from .._message import BytesMessage, Message, TextMessage
+from .._properties import ClientConfig
 from .._session import AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, _AdminHandler
-from .._transport_base import Delivery
-from ._consumer import MessageConsumer
-from ._context import ConsumerContext, ProducerContext
-from ._producer import MessageProducer
+from .._transport_base import ChannelHandler, Delivery
+from ._consumer import ConsumerContext, MessageConsumer
+from ._producer import MessageProducer, ProducerContext
 
 if TYPE_CHECKING:
-    from ._connection import Connection
     from ._transport import AioChannel
 
-__all__ = ["Session"]
+__all__ = ["ConnectionControl", "Session", "SessionContext"]
 
 R = TypeVar("R")
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE}
+
+
+class ConnectionControl(Protocol):
+    """The application's view of a session's connection."""
+
+    def start(self) -> None:
+        """Start (or resume) delivery to consumers."""
+
+    def stop(self) -> None:
+        """Pause delivery to consumers."""
+
+    async def close(self) -> None:
+        """Close the connection."""
+
+    def set_exception_listener(self, listener: Callable[[JMSException], None] | None) -> None:
+        """Call ``listener(error)`` on asynchronous failures."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What a session (and through it, its producers and consumers) needs
+    from its connection."""
+
+    connection: ConnectionControl
+    config: ClientConfig
+    clock: Callable[[], float]
+    usable: Callable[[], bool]  # the connection is open (not recovering)
+    wait_usable: Callable[[], Awaitable[None]]  # suspend until it is
+    recovering_or_lost: Callable[[], bool]
+    open_channel: Callable[[ChannelHandler], Awaitable[AioChannel]]
+    report: Callable[[JMSException], None]  # to the exception listener
+    started: Callable[[], bool]  # delivery to consumers is on
+    register_producer: Callable[[MessageProducer], None]
+    unregister_producer: Callable[[MessageProducer], None]
+    register_consumer: Callable[[MessageConsumer, bool], None]  # (consumer, app acks)
+    unregister_consumer: Callable[[MessageConsumer], None]
+    reset_consumer_flow: Callable[[MessageConsumer], None]  # fresh accounting
+    flow_stats: Callable[[int], ConsumerFlowStats]
+    flow_delivered: Callable[[int], None]
+    flow_processed: Callable[[int, int], None]  # (consumer id, delivery tag)
+    flow_acknowledged: Callable[[int], None]
+    closed: Callable[[Session], None]  # the session closed
 
 
 class Session:
@@ -39,12 +82,14 @@ class Session:
     own channel.  Transacted sessions are not offered on asyncio.
     """
 
-    def __init__(self, connection: Connection, acknowledge_mode: int) -> None:
+    def __init__(self, context: SessionContext, acknowledge_mode: int) -> None:
         if acknowledge_mode not in _MODES:
             raise InvalidPropertyError(
                 "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
             )
-        self.connection = connection
+        self._context = context
+        #: The connection that created this session.
+        self.connection = context.connection
         self.acknowledge_mode = acknowledge_mode
         self.transacted = False
         self._admin_channel: AioChannel | None = None
@@ -60,18 +105,18 @@ class Session:
     async def _rpc(self, fn: Callable[[], Awaitable[R]]) -> R:
         """Run a broker operation, riding out a connection recovery."""
         for _ in range(5):
-            await self.connection._wait_usable()
+            await self._context.wait_usable()
             try:
                 return await fn()
             except ConnectionLostError:
-                if not self.connection._recovering_or_lost():
+                if not self._context.recovering_or_lost():
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
 
     async def _admin(self) -> AioChannel:
         channel = self._admin_channel
         if channel is None or channel.closed:
-            channel = await self.connection._open_channel(_AdminHandler())
+            channel = await self._context.open_channel(_AdminHandler())
             self._admin_channel = channel
         return channel
 
@@ -142,7 +187,7 @@ class Session:
         """
         self._check_open()
         if capacity is None:
-            capacity = self.connection.config.producer_capacity
+            capacity = self._context.config.producer_capacity
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
         if destination is not None and not isinstance(destination, Queue | Topic):
@@ -151,41 +196,41 @@ class Session:
         channel = await self._rpc(lambda: self._producer_channel(producer))
         producer._attach(channel)
         self._producers.append(producer)
-        self.connection._register_producer(producer)
+        self._context.register_producer(producer)
         return producer
 
     def _producer_context(self) -> ProducerContext:
-        connection = self.connection
+        context = self._context
         return ProducerContext(
-            config=connection.config,
-            clock=connection.clock,
-            usable=connection._is_usable,
-            wait_usable=connection._wait_usable,
-            report=connection._report,
+            config=context.config,
+            clock=context.clock,
+            usable=context.usable,
+            wait_usable=context.wait_usable,
+            report=context.report,
             closed=self._producer_closed,
         )
 
     def _consumer_context(self) -> ConsumerContext:
-        connection = self.connection
+        context = self._context
         return ConsumerContext(
-            started=connection._is_started,
-            report=connection._report,
-            flow_stats=connection._flow_stats,
-            flow_delivered=connection._flow_delivered,
+            started=context.started,
+            report=context.report,
+            flow_stats=context.flow_stats,
+            flow_delivered=context.flow_delivered,
             to_message=self._to_message,
             processed=self._processed,
             closed=self._consumer_closed,
         )
 
     async def _producer_channel(self, producer: MessageProducer) -> AioChannel:
-        channel = await self.connection._open_channel(producer)
+        channel = await self._context.open_channel(producer)
         await channel.confirm_select()
         return channel
 
     def _producer_closed(self, producer: MessageProducer) -> None:
         if producer in self._producers:
             self._producers.remove(producer)
-        self.connection._unregister_producer(producer)
+        self._context.unregister_producer(producer)
 
     # ---------------------------------------------------------- consumers
     async def create_consumer(self, destination: Destination) -> MessageConsumer:
@@ -236,24 +281,22 @@ class Session:
         return queue
 
     async def _start_consumer(self, consumer: MessageConsumer) -> None:
-        channel = await self._rpc(lambda: self.connection._open_channel(consumer))
+        channel = await self._rpc(lambda: self._context.open_channel(consumer))
         consumer._attach(channel)
         self._consumers.append(consumer)
-        self.connection._register_consumer(
-            consumer, app_acks=self.acknowledge_mode == CLIENT_ACKNOWLEDGE
-        )
+        self._context.register_consumer(consumer, self.acknowledge_mode == CLIENT_ACKNOWLEDGE)
 
     async def _consumer_closed(self, consumer: MessageConsumer) -> None:
         if consumer in self._consumers:
             self._consumers.remove(consumer)
         channel = consumer._channel
-        self.connection._unregister_consumer(consumer)
+        self._context.unregister_consumer(consumer)
         if channel is not None:
             await channel.close()  # returns every unacked message to the queue
 
     def _processed(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> None:
         if generation == consumer._generation:
-            self.connection._flow_processed(consumer.id, delivery.delivery_tag)
+            self._context.flow_processed(consumer.id, delivery.delivery_tag)
 
     def _to_message(
         self, consumer: MessageConsumer, generation: int, delivery: Delivery
@@ -284,7 +327,7 @@ class Session:
         if self.acknowledge_mode != CLIENT_ACKNOWLEDGE:
             return
         for consumer in list(self._consumers):
-            self.connection._flow_acknowledged(consumer.id)
+            self._context.flow_acknowledged(consumer.id)
 
     async def recover(self) -> None:
         """Redeliver every unacknowledged message of this session: each
@@ -299,9 +342,9 @@ class Session:
             old = consumer._channel
             if old is not None:
                 await old.close()
-            channel = await self._rpc(functools.partial(self.connection._open_channel, consumer))
+            channel = await self._rpc(functools.partial(self._context.open_channel, consumer))
             consumer._attach(channel)
-            self.connection._reset_consumer_flow(consumer)
+            self._context.reset_consumer_flow(consumer)
 
     async def unsubscribe(self, name: str) -> None:
         """Delete the durable subscription ``name`` (its queue).
@@ -339,7 +382,7 @@ class Session:
         admin, self._admin_channel = self._admin_channel, None
         if admin is not None:
             await admin.close()
-        self.connection._session_closed(self)
+        self._context.closed(self)
         if errors:
             raise errors[0]
 
@@ -364,5 +407,5 @@ class Session:
         for consumer in list(self._consumers):
             if consumer.is_topic and consumer.subscription is None:
                 consumer._queue = await self._subscribe(Topic(consumer.destination.name), "")
-            consumer._attach(await self.connection._open_channel(consumer))
-            self.connection._reset_consumer_flow(consumer)
+            consumer._attach(await self._context.open_channel(consumer))
+            self._context.reset_consumer_flow(consumer)
