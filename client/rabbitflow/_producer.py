@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import _otel
-from ._destination import Destination, Queue, Topic
+from ._destination import Destination
 from ._exceptions import (
-    FlowControlTimeoutError,
     IllegalStateError,
-    InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
     UnconfirmedMessagesError,
 )
 from ._flow import (
-    ConnectionBlocked,
-    ConnectionUnblocked,
-    FlowEnforced,
-    FlowRemoved,
     Gate,
     GateEvent,
     GateNotice,
@@ -32,14 +24,20 @@ from ._flow import (
     SendFailed,
     SendWait,
 )
-from ._log import get_logger
 from ._message import (
-    NON_PERSISTENT,
     PERSISTENT,
     Message,
-    WireProperties,
-    flagged_redelivered,
-    new_message_id,
+)
+from ._producer_core import (
+    Outgoing,
+    ProducerCounters,
+    log_notices,
+    log_wait,
+    outgoing,
+    stamp,
+    target_of,
+    timeout_error,
+    wire_items,
 )
 from ._properties import ClientConfig
 from ._transport_base import Delivery
@@ -48,12 +46,6 @@ from ._transport_channel import TransportChannel
 __all__ = ["MessageProducer", "ProducerContext"]
 
 _ids = itertools.count(1)
-_log = get_logger()
-_DELAYED = "Message send delayed by {seconds}s due to broker enforced flow control"
-_FAILED = "Message send failed due to timeout waiting on broker enforced flow control"
-_TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
-_ENFORCED = "Broker enforced flow control has been enforced"
-_REMOVED = "Broker enforced flow control is no longer in effect"
 # A send that finds its pump posted this long ago (s) and not yet run lets
 # the I/O thread take the GIL; see MessageProducer._hand_off.
 _HANDOFF_AFTER = 0.001
@@ -76,15 +68,7 @@ class ProducerContext:
     closed: Callable[[MessageProducer], None]  # the producer closed
 
 
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
-    exchange: str
-    routing_key: str
-    body: bytes
-    props: WireProperties
-
-
-class MessageProducer:
+class MessageProducer(ProducerCounters):
     """Sends messages to a destination, honouring broker flow control.
 
     ``send()`` returns once the message is handed to the broker; it waits
@@ -116,7 +100,7 @@ class MessageProducer:
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._pumped = threading.Condition(lock)  # notified when a pump starts
-        self._window: ProducerWindow[_Outgoing] = ProducerWindow(
+        self._window: ProducerWindow[Outgoing] = ProducerWindow(
             capacity,
             backoff_initial=config.nack_backoff_initial_ms / 1000,
             backoff_max=config.nack_backoff_max_ms / 1000,
@@ -132,37 +116,6 @@ class MessageProducer:
 
     # -------------------------------------------------------------- public
     @property
-    def capacity(self) -> int:
-        """Most messages this producer may have sent and not had confirmed."""
-        return self._window.capacity
-
-    @property
-    def destination(self) -> Destination | None:
-        """The producer's destination (None: given to each send)."""
-        return self._destination
-
-    @property
-    def sent_count(self) -> int:
-        """Messages accepted by send()."""
-        return self._window.accepted_count
-
-    @property
-    def confirmed_count(self) -> int:
-        """Messages the broker confirmed."""
-        return self._window.confirmed_count
-
-    @property
-    def nacked_count(self) -> int:
-        """Nacks received (each nacked message is re-sent in order)."""
-        return self._window.nacked_count
-
-    @property
-    def resent_count(self) -> int:
-        """Messages re-published after a connection loss (their confirm was lost;
-        the broker may hold them twice)."""
-        return self._window.resent_count
-
-    @property
     def resent_unconfirmed_count(self) -> int:
         """Alias of ``resent_count``."""
         return self._window.resent_count
@@ -172,11 +125,6 @@ class MessageProducer:
         """Messages sent and not yet confirmed."""
         with self._cond:
             return self._window.in_flight
-
-    @property
-    def flow_state(self) -> str:
-        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
-        return self._window.gate.state.value
 
     def send(
         self,
@@ -198,33 +146,15 @@ class MessageProducer:
                 that has its own.
             InvalidPropertyError: bad delivery_mode, priority or time_to_live.
         """
-        target = self._target(destination)
-        if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
-            raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
-        if not isinstance(priority, int) or not 0 <= priority <= 9:
-            raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
-        if not isinstance(time_to_live, int) or time_to_live < 0:
-            raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
-        if not isinstance(message, Message):
-            raise InvalidPropertyError(
-                "message", f"expected a Message, got {type(message).__name__}"
-            )
-        now_ms = int(time.time() * 1000)
-        message.message_id = new_message_id()
-        message.timestamp = now_ms
-        message.destination = target
-        message.delivery_mode = delivery_mode
-        message.priority = priority
-        message.expiration = now_ms + time_to_live if time_to_live else 0
+        target = target_of(self.id, self._closed, self._destination, destination)
+        stamp(message, target, delivery_mode, priority, time_to_live)
         span = _otel.start_send(message, target)  # None unless tracing is on
-        outgoing = _Outgoing(
-            target.exchange, target.routing_key, message.body_bytes(), message.to_wire()
-        )
+        item = outgoing(message, target)
         try:
             self._context.wait_usable()
             with self._cond:
                 waited = self._wait_for_room(target, span)
-                self._window.accept(outgoing)
+                self._window.accept(item)
                 schedule = not self._pump_scheduled
                 self._pump_scheduled = True
                 if schedule:
@@ -289,29 +219,6 @@ class MessageProducer:
         )
 
     # -------------------------------------------------------------- helpers
-    def _target(self, destination: Destination | None) -> Destination:
-        if self._closed:
-            raise IllegalStateError(f"{self.id} is closed")
-        if destination is not None and not isinstance(destination, Queue | Topic):
-            raise InvalidDestinationError(f"not a destination: {destination!r}")
-        if self._destination is not None:
-            if destination is not None and destination != self._destination:
-                raise InvalidDestinationError(
-                    f"{self.id} sends to {self._destination}; cannot send to {destination}"
-                )
-            return self._destination
-        if destination is None:
-            raise InvalidDestinationError(f"{self.id} has no destination: pass one to send()")
-        return destination
-
-    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
-        dest = target if target is not None else self._destination
-        return {
-            "producer": self.id,
-            "destination": str(dest) if dest is not None else "",
-            "capacity": self.capacity,
-        }
-
     def _wait_for_room(self, target: Destination, span: Any = None) -> float:
         """Wait (holding ``_cond``) until the window accepts; return the
         seconds waited under a flow signal.  See send()."""
@@ -351,9 +258,7 @@ class MessageProducer:
                 self._log_wait(notice, target)
             if step.failed is not None:
                 self._log_wait(step.failed, target)
-                seconds = step.failed.waited_ms / 1000
-                text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
-                raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
+                raise timeout_error(step.failed)
             self._wait(self._cond, max(step.wake_at - now, 0.001))
 
     def _hand_off(self) -> None:
@@ -376,43 +281,10 @@ class MessageProducer:
             self._wait(self._pumped, _HANDOFF_MAX)
 
     def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
-        fields = self._fields(target)
-        if isinstance(notice, SendDelayed):
-            _log.warning(
-                _DELAYED.format(seconds=notice.seconds),
-                flow_event="send_delayed",
-                waited_ms=notice.waited_ms,
-                reason=self._window.wait_reason(),
-                **fields,
-            )
-        else:
-            _log.error(
-                _FAILED,
-                flow_event="send_failed",
-                waited_ms=notice.waited_ms,
-                reason=self._window.wait_reason(),
-                **fields,
-            )
+        log_wait(notice, self._window.wait_reason(), self._fields(target))
 
     def _log_notices(self, notices: list[GateNotice]) -> None:
-        for notice in notices:
-            if isinstance(notice, FlowEnforced):
-                _log.info(_ENFORCED, flow_event="flow_enforced", **self._fields())
-            elif isinstance(notice, FlowRemoved):
-                _log.info(_REMOVED, flow_event="flow_removed", **self._fields())
-            elif isinstance(notice, ConnectionBlocked):
-                _log.info(
-                    f"Broker blocked the connection: {notice.reason}",
-                    flow_event="connection_blocked",
-                    reason=notice.reason,
-                    **self._fields(),
-                )
-            elif isinstance(notice, ConnectionUnblocked):
-                _log.info(
-                    "Broker unblocked the connection",
-                    flow_event="connection_unblocked",
-                    **self._fields(),
-                )
+        log_notices(notices, self._fields())
 
     # ------------------------------------------------- I/O thread (driver)
     def _pump(self) -> None:
@@ -430,18 +302,7 @@ class MessageProducer:
             due = self._window.publish_due()
         try:
             if publishes:
-                channel.publish_many(
-                    [
-                        (
-                            p.item.exchange,
-                            p.item.routing_key,
-                            p.item.body,
-                            flagged_redelivered(p.item.props) if p.resent else p.item.props,
-                        )
-                        for p in publishes
-                    ],
-                    False,
-                )
+                channel.publish_many(wire_items(publishes), False)
         except JMSException:
             return  # the channel/connection is going away; recovery re-sends
         if self._transacted and publishes:

@@ -4,26 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _otel as _tracing
-from .._destination import Destination, Queue, Topic
+from .._destination import Destination
 from .._exceptions import (
-    FlowControlTimeoutError,
     IllegalStateError,
-    InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
     UnconfirmedMessagesError,
 )
 from .._flow import (
-    ConnectionBlocked,
-    ConnectionUnblocked,
-    FlowEnforced,
-    FlowRemoved,
     Gate,
     GateEvent,
     GateNotice,
@@ -32,16 +24,21 @@ from .._flow import (
     SendFailed,
     SendWait,
 )
-from .._log import get_logger
 from .._message import (
-    NON_PERSISTENT,
     PERSISTENT,
     Message,
-    WireProperties,
-    flagged_redelivered,
-    new_message_id,
 )
-from .._producer import _DELAYED, _ENFORCED, _FAILED, _REMOVED, _TIMEOUT
+from .._producer_core import (
+    Outgoing,
+    ProducerCounters,
+    log_notices,
+    log_wait,
+    outgoing,
+    stamp,
+    target_of,
+    timeout_error,
+    wire_items,
+)
 from .._properties import ClientConfig
 from .._transport_base import Delivery
 from ._transport import settle
@@ -52,8 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["MessageProducer", "ProducerContext"]
 
 _ids = itertools.count(1)
-_log = get_logger()
-_Outgoing = tuple[str, str, bytes, WireProperties]
 # Bounded work per loop turn, so that other tasks (and the loop's I/O) get
 # their turn within milliseconds whatever the capacity: a task whose sends
 # never have to wait yields once every _YIELD_EVERY sends (a send that does
@@ -75,7 +70,7 @@ class ProducerContext:
     closed: Callable[[MessageProducer], None]  # the producer closed
 
 
-class MessageProducer:
+class MessageProducer(ProducerCounters):
     """Sends messages to a destination, honouring broker flow control, on asyncio.
 
     ``await send()`` returns once the message is handed to the broker; it
@@ -96,7 +91,7 @@ class MessageProducer:
         self._config = config
         self._clock = context.clock
         self._loop = asyncio.get_running_loop()
-        self._window: ProducerWindow[_Outgoing] = ProducerWindow(
+        self._window: ProducerWindow[Outgoing] = ProducerWindow(
             capacity,
             backoff_initial=config.nack_backoff_initial_ms / 1000,
             backoff_max=config.nack_backoff_max_ms / 1000,
@@ -113,44 +108,9 @@ class MessageProducer:
 
     # -------------------------------------------------------------- public
     @property
-    def capacity(self) -> int:
-        """Most messages this producer may have sent and not had confirmed."""
-        return self._window.capacity
-
-    @property
-    def destination(self) -> Destination | None:
-        """The producer's destination (None: given to each send)."""
-        return self._destination
-
-    @property
-    def sent_count(self) -> int:
-        """Messages accepted by send()."""
-        return self._window.accepted_count
-
-    @property
-    def confirmed_count(self) -> int:
-        """Messages the broker confirmed."""
-        return self._window.confirmed_count
-
-    @property
-    def nacked_count(self) -> int:
-        """Nacks received (each nacked message is re-sent in order)."""
-        return self._window.nacked_count
-
-    @property
-    def resent_count(self) -> int:
-        """Messages re-published after a connection loss (may arrive twice)."""
-        return self._window.resent_count
-
-    @property
     def unconfirmed_count(self) -> int:
         """Messages sent and not yet confirmed."""
         return self._window.in_flight
-
-    @property
-    def flow_state(self) -> str:
-        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
-        return self._window.gate.state.value
 
     async def send(
         self,
@@ -175,24 +135,8 @@ class MessageProducer:
             # Before anything is accepted: a task cancelled here sent nothing.
             self._streak = 0
             await asyncio.sleep(0)
-        target = self._target(destination)
-        if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
-            raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
-        if not isinstance(priority, int) or not 0 <= priority <= 9:
-            raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
-        if not isinstance(time_to_live, int) or time_to_live < 0:
-            raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
-        if not isinstance(message, Message):
-            raise InvalidPropertyError(
-                "message", f"expected a Message, got {type(message).__name__}"
-            )
-        now_ms = int(time.time() * 1000)
-        message.message_id = new_message_id()
-        message.timestamp = now_ms
-        message.destination = target
-        message.delivery_mode = delivery_mode
-        message.priority = priority
-        message.expiration = now_ms + time_to_live if time_to_live else 0
+        target = target_of(self.id, self._closed, self._destination, destination)
+        stamp(message, target, delivery_mode, priority, time_to_live)
         span = _tracing.start_send(message, target)
         try:
             if not self._context.usable() or not self._window.can_accept():
@@ -202,13 +146,7 @@ class MessageProducer:
             else:
                 waited = 0.0
                 self._streak += 1
-            outgoing = (
-                target.exchange,
-                target.routing_key,
-                message.body_bytes(),
-                message.to_wire(),
-            )
-            self._window.accept(outgoing)
+            self._window.accept(outgoing(message, target))
         except BaseException as exc:
             _tracing.end_send(span, exc)
             raise
@@ -266,29 +204,6 @@ class MessageProducer:
         )
 
     # -------------------------------------------------------------- helpers
-    def _target(self, destination: Destination | None) -> Destination:
-        if self._closed:
-            raise IllegalStateError(f"{self.id} is closed")
-        if destination is not None and not isinstance(destination, Queue | Topic):
-            raise InvalidDestinationError(f"not a destination: {destination!r}")
-        if self._destination is not None:
-            if destination is not None and destination != self._destination:
-                raise InvalidDestinationError(
-                    f"{self.id} sends to {self._destination}; cannot send to {destination}"
-                )
-            return self._destination
-        if destination is None:
-            raise InvalidDestinationError(f"{self.id} has no destination: pass one to send()")
-        return destination
-
-    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
-        dest = target if target is not None else self._destination
-        return {
-            "producer": self.id,
-            "destination": str(dest) if dest is not None else "",
-            "capacity": self.capacity,
-        }
-
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, {}
         for future in waiters:
@@ -342,50 +257,15 @@ class MessageProducer:
                 self._log_wait(notice, target)
             if step.failed is not None:
                 self._log_wait(step.failed, target)
-                seconds = step.failed.waited_ms / 1000
-                text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
                 _tracing.waited(span, self._clock() - start)
-                raise FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
+                raise timeout_error(step.failed)
             await self._changed(max(step.wake_at - now, 0.001))
 
     def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
-        fields = self._fields(target)
-        if isinstance(notice, SendDelayed):
-            _log.warning(
-                _DELAYED.format(seconds=notice.seconds),
-                flow_event="send_delayed",
-                waited_ms=notice.waited_ms,
-                reason=self._window.wait_reason(),
-                **fields,
-            )
-        else:
-            _log.error(
-                _FAILED,
-                flow_event="send_failed",
-                waited_ms=notice.waited_ms,
-                reason=self._window.wait_reason(),
-                **fields,
-            )
+        log_wait(notice, self._window.wait_reason(), self._fields(target))
 
     def _log_notices(self, notices: list[GateNotice]) -> None:
-        for notice in notices:
-            if isinstance(notice, FlowEnforced):
-                _log.info(_ENFORCED, flow_event="flow_enforced", **self._fields())
-            elif isinstance(notice, FlowRemoved):
-                _log.info(_REMOVED, flow_event="flow_removed", **self._fields())
-            elif isinstance(notice, ConnectionBlocked):
-                _log.info(
-                    f"Broker blocked the connection: {notice.reason}",
-                    flow_event="connection_blocked",
-                    reason=notice.reason,
-                    **self._fields(),
-                )
-            elif isinstance(notice, ConnectionUnblocked):
-                _log.info(
-                    "Broker unblocked the connection",
-                    flow_event="connection_unblocked",
-                    **self._fields(),
-                )
+        log_notices(notices, self._fields())
 
     # -------------------------------------------------------------- driver
     def _pump(self) -> None:
@@ -398,14 +278,7 @@ class MessageProducer:
         publishes = self._window.take(now, _PUMP_BATCH)
         if publishes:
             try:
-                channel.publish_many(
-                    [
-                        (p.item[0], p.item[1], p.item[2], flagged_redelivered(p.item[3]))
-                        if p.resent
-                        else p.item
-                        for p in publishes
-                    ]
-                )
+                channel.publish_many(wire_items(publishes))
             except JMSException:
                 return  # the channel/connection is going away; recovery re-sends
         due = self._window.publish_due()

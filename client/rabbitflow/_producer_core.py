@@ -1,0 +1,217 @@
+"""What the sync and the asyncio producer share, whatever drives them: the
+checks and headers of a send, the log lines of flow control, and the
+publishes of a window step (re-sent ones flagged as redelivered).
+
+The state itself is the pure ``ProducerWindow`` of ``_flow``; the drivers
+only wait their own way (a condition, a future) and call these.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._destination import Destination, Queue, Topic
+from ._exceptions import (
+    FlowControlTimeoutError,
+    IllegalStateError,
+    InvalidDestinationError,
+    InvalidPropertyError,
+)
+from ._flow import (
+    ConnectionBlocked,
+    ConnectionUnblocked,
+    FlowEnforced,
+    FlowRemoved,
+    GateNotice,
+    ProducerWindow,
+    Publish,
+    SendDelayed,
+    SendFailed,
+)
+from ._log import get_logger
+from ._message import (
+    NON_PERSISTENT,
+    PERSISTENT,
+    Message,
+    WireProperties,
+    flagged_redelivered,
+    new_message_id,
+)
+
+__all__ = [
+    "Outgoing",
+    "ProducerCounters",
+    "log_notices",
+    "log_wait",
+    "outgoing",
+    "stamp",
+    "target_of",
+    "timeout_error",
+    "wire_items",
+]
+
+_log = get_logger()
+_DELAYED = "Message send delayed by {seconds}s due to broker enforced flow control"
+_FAILED = "Message send failed due to timeout waiting on broker enforced flow control"
+_TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
+_ENFORCED = "Broker enforced flow control has been enforced"
+_REMOVED = "Broker enforced flow control is no longer in effect"
+
+#: One publish: exchange, routing key, body, properties.
+Outgoing = tuple[str, str, bytes, WireProperties]
+
+
+class ProducerCounters:
+    """The read-only figures of a producer, from its window (both drivers)."""
+
+    id: str
+    _window: ProducerWindow[Outgoing]
+    _destination: Destination | None
+
+    @property
+    def capacity(self) -> int:
+        """Most messages this producer may have sent and not had confirmed."""
+        return self._window.capacity
+
+    @property
+    def destination(self) -> Destination | None:
+        """The producer's destination (None: given to each send)."""
+        return self._destination
+
+    @property
+    def sent_count(self) -> int:
+        """Messages accepted by send()."""
+        return self._window.accepted_count
+
+    @property
+    def confirmed_count(self) -> int:
+        """Messages the broker confirmed."""
+        return self._window.confirmed_count
+
+    @property
+    def nacked_count(self) -> int:
+        """Nacks received (each nacked message is re-sent in order)."""
+        return self._window.nacked_count
+
+    @property
+    def resent_count(self) -> int:
+        """Messages re-published after a connection loss (their confirm was lost;
+        the broker may hold them twice, the second copy flagged redelivered)."""
+        return self._window.resent_count
+
+    @property
+    def flow_state(self) -> str:
+        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
+        return self._window.gate.state.value
+
+    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
+        dest = target if target is not None else self._destination
+        return {
+            "producer": self.id,
+            "destination": str(dest) if dest is not None else "",
+            "capacity": self._window.capacity,
+        }
+
+
+def target_of(
+    producer_id: str, closed: bool, own: Destination | None, given: Destination | None
+) -> Destination:
+    """Where a send goes: the producer's destination, else the one given.
+
+    Raises:
+        IllegalStateError: the producer is closed.
+        InvalidDestinationError: none, not a destination, or a second one.
+    """
+    if closed:
+        raise IllegalStateError(f"{producer_id} is closed")
+    if given is not None and not isinstance(given, Queue | Topic):
+        raise InvalidDestinationError(f"not a destination: {given!r}")
+    if own is not None:
+        if given is not None and given != own:
+            raise InvalidDestinationError(f"{producer_id} sends to {own}; cannot send to {given}")
+        return own
+    if given is None:
+        raise InvalidDestinationError(f"{producer_id} has no destination: pass one to send()")
+    return given
+
+
+def stamp(
+    message: Message, target: Destination, delivery_mode: int, priority: int, time_to_live: int
+) -> None:
+    """Check a send's arguments and set the message's JMS headers.
+
+    Raises:
+        InvalidPropertyError: bad delivery_mode, priority, time_to_live or message.
+    """
+    if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
+        raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
+    if not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
+    if not isinstance(time_to_live, int) or time_to_live < 0:
+        raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
+    if not isinstance(message, Message):
+        raise InvalidPropertyError("message", f"expected a Message, got {type(message).__name__}")
+    now_ms = int(time.time() * 1000)
+    message.message_id = new_message_id()
+    message.timestamp = now_ms
+    message.destination = target
+    message.delivery_mode = delivery_mode
+    message.priority = priority
+    message.expiration = now_ms + time_to_live if time_to_live else 0
+
+
+def outgoing(message: Message, target: Destination) -> Outgoing:
+    """The publish of a stamped message."""
+    return (target.exchange, target.routing_key, message.body_bytes(), message.to_wire())
+
+
+def wire_items(publishes: list[Publish[Outgoing]]) -> list[Outgoing]:
+    """The publishes of a window step, re-sent ones flagged as redelivered."""
+    return [
+        (p.item[0], p.item[1], p.item[2], flagged_redelivered(p.item[3])) if p.resent else p.item
+        for p in publishes
+    ]
+
+
+def timeout_error(failed: SendFailed) -> FlowControlTimeoutError:
+    """The error of a send that waited the whole wait-failure time."""
+    seconds = failed.waited_ms / 1000
+    text = f"{seconds:g}" if seconds != int(seconds) else str(int(seconds))
+    return FlowControlTimeoutError(_TIMEOUT.format(seconds=text))
+
+
+def log_wait(notice: SendDelayed | SendFailed, reason: str, fields: dict[str, Any]) -> None:
+    """Log a waiting send's "delayed" warning or its failure."""
+    if isinstance(notice, SendDelayed):
+        _log.warning(
+            _DELAYED.format(seconds=notice.seconds),
+            flow_event="send_delayed",
+            waited_ms=notice.waited_ms,
+            reason=reason,
+            **fields,
+        )
+    else:
+        _log.error(
+            _FAILED, flow_event="send_failed", waited_ms=notice.waited_ms, reason=reason, **fields
+        )
+
+
+def log_notices(notices: list[GateNotice], fields: dict[str, Any]) -> None:
+    """Log the gate's changes (flow enforced / removed, connection blocked / unblocked)."""
+    for notice in notices:
+        if isinstance(notice, FlowEnforced):
+            _log.info(_ENFORCED, flow_event="flow_enforced", **fields)
+        elif isinstance(notice, FlowRemoved):
+            _log.info(_REMOVED, flow_event="flow_removed", **fields)
+        elif isinstance(notice, ConnectionBlocked):
+            _log.info(
+                f"Broker blocked the connection: {notice.reason}",
+                flow_event="connection_blocked",
+                reason=notice.reason,
+                **fields,
+            )
+        elif isinstance(notice, ConnectionUnblocked):
+            _log.info(
+                "Broker unblocked the connection", flow_event="connection_unblocked", **fields
+            )
