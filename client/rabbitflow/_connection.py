@@ -13,16 +13,12 @@ from typing import Any, Protocol, TypeVar
 import tenacity
 
 from . import _system
+from ._connection_core import TransportEvents, carry_out, recovery_failed, retry_policy
 from ._consumer import MessageConsumer
 from ._consumer_flow import (
-    Ack,
     ConnectionFlow,
     ConsumerFlowStats,
     FlowAction,
-    ProbeQueue,
-    SetPrefetch,
-    StartConsuming,
-    StopConsuming,
 )
 from ._endpoints import Endpoints, all_failed, parse_urls, redact
 from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
@@ -84,41 +80,7 @@ def reconnect_strategy(
     ``rabbitflow.reconnect_timeout`` ms, exponential backoff with jitter from
     ``rabbitflow.reconnect_initial_delay`` to ``rabbitflow.reconnect_max_delay``.
     """
-    return tenacity.Retrying(
-        stop=(
-            tenacity.stop_after_attempt(max(config.reconnect_attempts, 1))
-            | tenacity.stop_after_delay(config.reconnect_timeout_ms / 1000)
-        ),
-        wait=tenacity.wait_exponential(
-            multiplier=config.reconnect_initial_delay_ms / 1000,
-            max=config.reconnect_max_delay_ms / 1000,
-        )
-        + tenacity.wait_random(0, config.reconnect_initial_delay_ms / 1000),
-        retry=tenacity.retry_if_exception_type(JMSException),
-        sleep=sleep,
-        reraise=True,
-    )
-
-
-class _TransportEvents:
-    """The listener of one transport: tags its events with the transport's
-    generation, so events of a transport that was replaced are ignored."""
-
-    def __init__(self, connection: Connection, generation: int) -> None:
-        self._connection = connection
-        self._generation = generation
-
-    def on_blocked(self, reason: str) -> None:
-        """connection.blocked."""
-        self._connection._on_blocked(self._generation, reason)
-
-    def on_unblocked(self) -> None:
-        """connection.unblocked."""
-        self._connection._on_unblocked(self._generation)
-
-    def on_lost(self, error: ConnectionLostError) -> None:
-        """The transport died."""
-        self._connection._on_lost(self._generation, error)
+    return tenacity.Retrying(sleep=sleep, **retry_policy(config))
 
 
 class ConnectionFactory:
@@ -273,7 +235,12 @@ class Connection:
         self._generation += 1
         transport = self._transport_factory(
             url,
-            _TransportEvents(self, self._generation),
+            TransportEvents(
+                self._generation,
+                blocked=self._on_blocked,
+                unblocked=self._on_unblocked,
+                lost=self._on_lost,
+            ),
             heartbeat=self.config.heartbeat_s,
             name=self._name,
             ssl_context=self._ssl_context,
@@ -493,18 +460,12 @@ class Connection:
             for action, consumer, channel in bound:
                 if consumer._channel is not channel or channel.closed:
                     continue  # the channel was replaced (recovery): tags are stale
-                if isinstance(action, SetPrefetch):
-                    channel.qos_nowait(action.count)
-                elif isinstance(action, StartConsuming):
-                    channel.basic_consume_nowait(consumer.queue_name)
-                elif isinstance(action, StopConsuming):
-                    channel.basic_cancel_nowait()
-                elif isinstance(action, ProbeQueue):
-                    channel.queue_depth_nowait(
-                        consumer.queue_name, functools.partial(self._flow_depth, consumer.id)
-                    )
-                elif isinstance(action, Ack):
-                    channel.ack(action.tag, multiple=True)
+                carry_out(
+                    action,
+                    channel,
+                    consumer.queue_name,
+                    functools.partial(self._flow_depth, consumer.id),
+                )
 
         self._transport.post(run)
 
@@ -701,11 +662,7 @@ class Connection:
             raise
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
-        error = ConnectionLostError(
-            f"connection to {', '.join(redact(u) for u in self.urls)} lost; recovery gave up after "
-            f"{attempts} attempt(s): {cause}"
-        )
-        error.__cause__ = cause
+        error = recovery_failed(self.urls, attempts, cause)
         with self._cond:
             if self._link.state is Link.CLOSED:
                 return

@@ -14,15 +14,11 @@ import tenacity
 
 from .. import _system
 from .._connection import ExceptionListener
+from .._connection_core import TransportEvents, carry_out, recovery_failed, retry_policy
 from .._consumer_flow import (
-    Ack,
     ConnectionFlow,
     ConsumerFlowStats,
     FlowAction,
-    ProbeQueue,
-    SetPrefetch,
-    StartConsuming,
-    StopConsuming,
 )
 from .._endpoints import Endpoints, all_failed, parse_urls, redact
 from .._exceptions import ConnectionLostError, IllegalStateError, JMSException
@@ -72,19 +68,7 @@ def _aio_transport(
 
 def reconnect_strategy(config: ClientConfig) -> tenacity.AsyncRetrying:
     """The sync SDK's reconnection policy (same properties), for asyncio."""
-    return tenacity.AsyncRetrying(
-        stop=(
-            tenacity.stop_after_attempt(max(config.reconnect_attempts, 1))
-            | tenacity.stop_after_delay(config.reconnect_timeout_ms / 1000)
-        ),
-        wait=tenacity.wait_exponential(
-            multiplier=config.reconnect_initial_delay_ms / 1000,
-            max=config.reconnect_max_delay_ms / 1000,
-        )
-        + tenacity.wait_random(0, config.reconnect_initial_delay_ms / 1000),
-        retry=tenacity.retry_if_exception_type(JMSException),
-        reraise=True,
-    )
+    return tenacity.AsyncRetrying(**retry_policy(config))
 
 
 class ConnectionFactory:
@@ -132,26 +116,6 @@ class ConnectionFactory:
     def __repr__(self) -> str:
         urls = ",".join(redact(u) for u in self.urls)
         return f"aio.ConnectionFactory({urls!r}, config={self.config!r})"
-
-
-class _TransportEvents:
-    """One transport's listener: events of a replaced transport are ignored."""
-
-    def __init__(self, connection: Connection, generation: int) -> None:
-        self._connection = connection
-        self._generation = generation
-
-    def on_blocked(self, reason: str) -> None:
-        """connection.blocked."""
-        self._connection._on_blocked(self._generation, reason)
-
-    def on_unblocked(self) -> None:
-        """connection.unblocked."""
-        self._connection._on_unblocked(self._generation)
-
-    def on_lost(self, error: ConnectionLostError) -> None:
-        """The transport died."""
-        self._connection._on_lost(self._generation, error)
 
 
 class Connection:
@@ -221,7 +185,12 @@ class Connection:
         self._generation += 1
         transport = self._transport_factory(
             url,
-            _TransportEvents(self, self._generation),
+            TransportEvents(
+                self._generation,
+                blocked=self._on_blocked,
+                unblocked=self._on_unblocked,
+                lost=self._on_lost,
+            ),
             heartbeat=self.config.heartbeat_s,
             name=self._name,
             ssl_context=self._ssl_context,
@@ -407,22 +376,14 @@ class Connection:
         for action in actions:
             consumer = self._consumers.get(action.consumer)
             channel = consumer._channel if consumer is not None else None
-            if channel is None or channel.closed:
+            if consumer is None or channel is None or channel.closed:
                 continue
-            if isinstance(action, SetPrefetch):
-                channel.qos_nowait(action.count)
-            elif isinstance(action, StartConsuming):
-                assert consumer is not None
-                channel.basic_consume_nowait(consumer.queue_name)
-            elif isinstance(action, StopConsuming):
-                channel.basic_cancel_nowait()
-            elif isinstance(action, ProbeQueue):
-                assert consumer is not None
-                channel.queue_depth_nowait(
-                    consumer.queue_name, functools.partial(self._flow_depth, consumer.id)
-                )
-            elif isinstance(action, Ack):
-                channel.ack(action.tag, multiple=True)
+            carry_out(
+                action,
+                channel,
+                consumer.queue_name,
+                functools.partial(self._flow_depth, consumer.id),
+            )
 
     def _arm_flow_timer(self) -> None:
         wake = self._flow.wake_at()
@@ -572,11 +533,7 @@ class Connection:
             raise
 
     def _give_up(self, cause: JMSException, attempts: int) -> None:
-        error = ConnectionLostError(
-            f"connection to {', '.join(redact(u) for u in self.urls)} lost; recovery gave up after "
-            f"{attempts} attempt(s): {cause}"
-        )
-        error.__cause__ = cause
+        error = recovery_failed(self.urls, attempts, cause)
         if self._link.state is Link.CLOSED:
             return
         self._link.handle(LinkEvent.GIVE_UP)
