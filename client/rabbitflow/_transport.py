@@ -24,7 +24,6 @@ import pika
 import pika.exceptions
 
 from ._exceptions import (
-    BrokerError,
     ConnectionLostError,
     IllegalStateError,
     JMSException,
@@ -35,6 +34,7 @@ from ._transport_base import (
     ChannelHandler,
     Delivery,
     TransportListener,
+    connection_parameters,
     note_direct_rabbitmq,
     translate_error,
 )
@@ -67,21 +67,9 @@ class PikaTransport:
         name: str = "rabbitflow",
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        try:
-            params = pika.URLParameters(url)
-        except (ValueError, TypeError) as exc:
-            raise BrokerError(f"bad broker URL {url!r}: {exc}") from exc
-        if params.ssl_options is not None:
-            # The host name is needed to verify the broker's certificate.
-            params.ssl_options = pika.SSLOptions(
-                ssl_context or ssl.create_default_context(), server_hostname=params.host
-            )
-        params.heartbeat = heartbeat
-        params.blocked_connection_timeout = None
-        params.connection_attempts = 1
-        params.socket_timeout = connect_timeout
-        params.client_properties = {"connection_name": name}
-        self._params = params
+        self._params = connection_parameters(
+            url, heartbeat=heartbeat, connect_timeout=connect_timeout, name=name, tls=ssl_context
+        )
         self._listener = listener
         self._connect_timeout = connect_timeout
         self._connection: Any = None

@@ -14,6 +14,7 @@ from typing import Protocol
 import pika
 import pika.exceptions
 
+from ._endpoints import redact
 from ._exceptions import (
     BrokerError,
     ConnectionLostError,
@@ -32,6 +33,7 @@ __all__ = [
     "ChannelHandler",
     "Delivery",
     "TransportListener",
+    "connection_parameters",
     "from_pika",
     "note_direct_rabbitmq",
     "to_pika",
@@ -228,3 +230,33 @@ def note_direct_rabbitmq(server_properties: object, host: str, port: int) -> boo
         port=port,
     )
     return True
+
+
+def connection_parameters(
+    url: str,
+    *,
+    heartbeat: int,
+    connect_timeout: float,
+    name: str,
+    tls: ssl.SSLContext | None,
+) -> pika.URLParameters:
+    """pika's parameters for one connection attempt to ``url`` (both transports).
+
+    Raises:
+        BrokerError: ``url`` is not a broker URL pika can use.
+    """
+    try:
+        params = pika.URLParameters(url)
+    except (ValueError, TypeError) as exc:
+        raise BrokerError(f"bad broker URL {redact(url)!r}: {exc}") from exc
+    if params.ssl_options is not None:
+        # The host name is needed to verify the broker's certificate.
+        params.ssl_options = pika.SSLOptions(
+            tls or ssl.create_default_context(), server_hostname=params.host
+        )
+    params.heartbeat = heartbeat
+    params.blocked_connection_timeout = None
+    params.connection_attempts = 1
+    params.socket_timeout = connect_timeout
+    params.client_properties = {"connection_name": name}
+    return params

@@ -21,7 +21,7 @@ import pika
 import pika.exceptions
 from pika.adapters.asyncio_connection import AsyncioConnection
 
-from .._exceptions import BrokerError, ConnectionLostError, JMSException, ProtocolError
+from .._exceptions import ConnectionLostError, JMSException, ProtocolError
 from .._message import WireProperties
 from .._transport_base import (
     DETACHED,
@@ -29,6 +29,7 @@ from .._transport_base import (
     ChannelHandler,
     Delivery,
     TransportListener,
+    connection_parameters,
     from_pika,
     to_pika,
     translate_error,
@@ -304,20 +305,9 @@ class AioTransport:
         name: str = "rabbitflow",
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        try:
-            params = pika.URLParameters(url)
-        except (ValueError, TypeError) as exc:
-            raise BrokerError(f"bad broker URL {url!r}: {exc}") from exc
-        if params.ssl_options is not None:
-            params.ssl_options = pika.SSLOptions(
-                ssl_context or ssl.create_default_context(), server_hostname=params.host
-            )
-        params.heartbeat = heartbeat
-        params.blocked_connection_timeout = None
-        params.connection_attempts = 1
-        params.socket_timeout = connect_timeout
-        params.client_properties = {"connection_name": name}
-        self._params = params
+        self._params = connection_parameters(
+            url, heartbeat=heartbeat, connect_timeout=connect_timeout, name=name, tls=ssl_context
+        )
         self._listener = listener
         self._connect_timeout = connect_timeout
         self._connection: Any = None
