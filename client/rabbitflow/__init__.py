@@ -33,12 +33,12 @@ from ._log import LOGGER_NAME, json_formatter
 from ._message import NON_PERSISTENT, PERSISTENT, BytesMessage, Message, TextMessage
 from ._producer import MessageProducer
 from ._properties import ClientConfig
-from ._session import (
+from ._session import Session
+from ._session_core import (
     AUTO_ACKNOWLEDGE,
     CLIENT_ACKNOWLEDGE,
     DUPS_OK_ACKNOWLEDGE,
     SESSION_TRANSACTED,
-    Session,
 )
 from ._system import system_properties
 

@@ -27,7 +27,8 @@ from ._log import get_logger
 from ._producer import MessageProducer
 from ._properties import ClientConfig, default_url
 from ._recovery import Link, LinkEvent, LinkMachine
-from ._session import AUTO_ACKNOWLEDGE, Session, SessionContext
+from ._session import Session, SessionContext
+from ._session_core import AUTO_ACKNOWLEDGE
 from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 

@@ -178,6 +178,7 @@ class Message:
         *,
         redelivered: bool,
         destination: Destination | None,
+        acknowledger: Callable[[], None] | None = None,
     ) -> Message:
         """Build the message a consumer receives.
 
@@ -207,6 +208,7 @@ class Message:
         message.reply_to = destination_from_text(props.reply_to)
         message.type = props.type
         message.redelivered = redelivered or resent
+        message._acknowledger = acknowledger
         message.destination = destination
         message.delivery_mode = props.delivery_mode or NON_PERSISTENT
         message.priority = props.priority if props.priority is not None else 4

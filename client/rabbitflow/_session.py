@@ -19,30 +19,27 @@ from ._exceptions import (
     InvalidDestinationError,
     InvalidPropertyError,
     JMSException,
-    StaleMessageError,
     TransactionRolledBackError,
 )
 from ._message import BytesMessage, Message, TextMessage
 from ._producer import MessageProducer, ProducerContext
 from ._properties import ClientConfig
+from ._session_core import (
+    AUTO_ACKNOWLEDGE,
+    CLIENT_ACKNOWLEDGE,
+    DUPS_OK_ACKNOWLEDGE,
+    SESSION_TRANSACTED,
+    AdminHandler,
+    check_current,
+    delivered_message,
+)
 from ._transport_base import ChannelHandler, Delivery
 from ._transport_channel import TransportChannel
 
-__all__ = [
-    "AUTO_ACKNOWLEDGE",
-    "CLIENT_ACKNOWLEDGE",
-    "DUPS_OK_ACKNOWLEDGE",
-    "SESSION_TRANSACTED",
-    "Session",
-    "SessionContext",
-]
+__all__ = ["ConnectionControl", "Session", "SessionContext"]
 
 R = TypeVar("R")
 
-SESSION_TRANSACTED = 0
-AUTO_ACKNOWLEDGE = 1
-CLIENT_ACKNOWLEDGE = 2
-DUPS_OK_ACKNOWLEDGE = 3
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, SESSION_TRANSACTED}
 
 
@@ -95,25 +92,6 @@ class _Declared(enum.Enum):
     QUEUE = "queue"
     TOPIC = "topic"
     SUBSCRIPTION = "subscription"
-
-
-class _AdminHandler:
-    """Events of the session's admin channel (declarations only)."""
-
-    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        """Not in confirm mode."""
-
-    def on_flow(self, active: bool) -> None:
-        """Nothing is published on the admin channel."""
-
-    def on_deliver(self, delivery: Delivery) -> None:
-        """Nothing is consumed on the admin channel."""
-
-    def on_return(self, reply_code: int, reply_text: str, routing_key: str) -> None:
-        """Nothing is published on the admin channel."""
-
-    def on_channel_closed(self, error: JMSException) -> None:
-        """A failed declaration closes it; the session opens another when needed."""
 
 
 class Session:
@@ -170,7 +148,7 @@ class Session:
         with self._lock:
             channel = self._admin_channel
             if channel is None or channel.closed:
-                channel = self._context.open_channel(_AdminHandler())
+                channel = self._context.open_channel(AdminHandler())
                 self._admin_channel = channel
             return channel
 
@@ -423,17 +401,10 @@ class Session:
         Raises:
             MessageFormatError: a text body that cannot be decoded.
         """
-        message = Message.from_wire(
-            delivery.body,
-            delivery.properties,
-            redelivered=delivery.redelivered,
-            destination=consumer.destination,
-        )
+        acknowledger = None
         if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
-            message._acknowledger = functools.partial(
-                self._acknowledge_message, consumer, generation
-            )
-        return message
+            acknowledger = functools.partial(self._acknowledge_message, consumer, generation)
+        return delivered_message(delivery, consumer.destination, acknowledger)
 
     def _acknowledge_message(self, consumer: MessageConsumer, generation: int) -> None:
         """``Message.acknowledge()``: refused for a message whose channel is gone.
@@ -442,11 +413,7 @@ class Session:
             StaleMessageError: the message came on a channel lost since.
             IllegalStateError: the session is closed.
         """
-        if generation != consumer._generation:
-            raise StaleMessageError(
-                "cannot acknowledge: the message was delivered on a channel that was lost "
-                "since (connection recovery); the broker delivers it again"
-            )
+        check_current(generation, consumer._generation)
         self.acknowledge()
 
     # ---------------------------------------------------- acknowledgement

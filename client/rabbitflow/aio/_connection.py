@@ -26,7 +26,7 @@ from .._flow import GateEvent
 from .._log import get_logger
 from .._properties import ClientConfig, default_url
 from .._recovery import Link, LinkEvent, LinkMachine
-from .._session import AUTO_ACKNOWLEDGE
+from .._session_core import AUTO_ACKNOWLEDGE
 from .._tls import tls_context
 from .._transport_base import ChannelHandler, TransportListener
 from ._consumer import MessageConsumer

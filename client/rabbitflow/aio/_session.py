@@ -15,11 +15,17 @@ from .._exceptions import (
     InvalidDestinationError,
     InvalidPropertyError,
     JMSException,
-    StaleMessageError,
 )
 from .._message import BytesMessage, Message, TextMessage
 from .._properties import ClientConfig
-from .._session import AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, _AdminHandler
+from .._session_core import (
+    AUTO_ACKNOWLEDGE,
+    CLIENT_ACKNOWLEDGE,
+    DUPS_OK_ACKNOWLEDGE,
+    AdminHandler,
+    check_current,
+    delivered_message,
+)
 from .._transport_base import ChannelHandler, Delivery
 from ._consumer import ConsumerContext, MessageConsumer
 from ._producer import MessageProducer, ProducerContext
@@ -116,7 +122,7 @@ class Session:
     async def _admin(self) -> AioChannel:
         channel = self._admin_channel
         if channel is None or channel.closed:
-            channel = await self._context.open_channel(_AdminHandler())
+            channel = await self._context.open_channel(AdminHandler())
             self._admin_channel = channel
         return channel
 
@@ -301,24 +307,25 @@ class Session:
     def _to_message(
         self, consumer: MessageConsumer, generation: int, delivery: Delivery
     ) -> Message:
-        message = Message.from_wire(
-            delivery.body,
-            delivery.properties,
-            redelivered=delivery.redelivered,
-            destination=consumer.destination,
-        )
+        """The application's message for a buffered delivery (of the consumer's
+        channel number ``generation``).
+
+        Raises:
+            MessageFormatError: a text body that cannot be decoded.
+        """
+        acknowledger = None
         if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
-            message._acknowledger = functools.partial(
-                self._acknowledge_message, consumer, generation
-            )
-        return message
+            acknowledger = functools.partial(self._acknowledge_message, consumer, generation)
+        return delivered_message(delivery, consumer.destination, acknowledger)
 
     def _acknowledge_message(self, consumer: MessageConsumer, generation: int) -> None:
-        if generation != consumer._generation:
-            raise StaleMessageError(
-                "cannot acknowledge: the message was delivered on a channel that was lost "
-                "since (connection recovery); the broker delivers it again"
-            )
+        """``Message.acknowledge()``: refused for a message whose channel is gone.
+
+        Raises:
+            StaleMessageError: the message came on a channel lost since.
+            IllegalStateError: the session is closed.
+        """
+        check_current(generation, consumer._generation)
         self.acknowledge()
 
     def acknowledge(self) -> None:
