@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import threading
 from collections.abc import Callable
@@ -30,6 +29,8 @@ from ._session_core import (
     DUPS_OK_ACKNOWLEDGE,
     SESSION_TRANSACTED,
     AdminHandler,
+    Declarations,
+    Declared,
     check_current,
     delivered_message,
 )
@@ -88,12 +89,6 @@ class SessionContext:
     closed: Callable[[Session], None]  # the session closed
 
 
-class _Declared(enum.Enum):
-    QUEUE = "queue"
-    TOPIC = "topic"
-    SUBSCRIPTION = "subscription"
-
-
 class Session:
     """A unit of work: creates destinations, producers, consumers and messages.
 
@@ -117,7 +112,7 @@ class Session:
         self._admin_channel: TransportChannel | None = None
         self._producers: list[MessageProducer] = []
         self._consumers: list[MessageConsumer] = []
-        self._declared: list[tuple[_Declared, str, str]] = []
+        self._declared = Declarations()
         self._channels: dict[int, TransportChannel] = {}  # consumer id -> channel
         self._producer_channels: dict[str, TransportChannel] = {}
         self._tx_broken = False
@@ -168,10 +163,9 @@ class Session:
             except InvalidDestinationError:
                 self._admin().exchange_declare(name, "topic")
 
-    def _record(self, kind: _Declared, a: str, b: str = "") -> None:
+    def _record(self, kind: Declared, name: str, subscription: str = "") -> None:
         with self._lock:
-            if (kind, a, b) not in self._declared:
-                self._declared.append((kind, a, b))
+            self._declared.record(kind, name, subscription)
 
     # ------------------------------------------------------- destinations
     def create_queue(self, name: str) -> Queue:
@@ -187,7 +181,7 @@ class Session:
         self._check_open()
         queue = Queue(name)
         self._rpc(lambda: self._ensure_queue(name))
-        self._record(_Declared.QUEUE, name)
+        self._record(Declared.QUEUE, name)
         return queue
 
     def create_topic(self, name: str) -> Topic:
@@ -201,7 +195,7 @@ class Session:
         self._check_open()
         topic = Topic(name)
         self._rpc(lambda: self._ensure_exchange(name))
-        self._record(_Declared.TOPIC, name)
+        self._record(Declared.TOPIC, name)
         return topic
 
     # ---------------------------------------------------------- messages
@@ -334,7 +328,7 @@ class Session:
             raise InvalidDestinationError(f"durable subscribers need a Topic, got {topic!r}")
         Queue(name)  # validates the name
         queue = self._rpc(lambda: self._subscribe(topic, name))
-        self._record(_Declared.SUBSCRIPTION, topic.name, name)
+        self._record(Declared.SUBSCRIPTION, topic.name, name)
         consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
         self._start_consumer(consumer)
         return consumer
@@ -348,7 +342,7 @@ class Session:
         self._check_open()
         self._rpc(lambda: self._admin().queue_delete(name))
         with self._lock:
-            self._declared = [d for d in self._declared if d[2] != name]
+            self._declared.forget_subscription(name)
 
     def _subscribe(self, topic: Topic, name: str) -> str:
         self._ensure_exchange(topic.exchange)
@@ -563,18 +557,18 @@ class Session:
         """
         with self._lock:
             self._admin_channel = None
-            declared = list(self._declared)
+            declared = self._declared.snapshot()
             producers = list(self._producers)
             consumers = list(self._consumers)
             if self.transacted:
                 self._tx_broken = True
-        for kind, a, b in declared:
-            if kind is _Declared.QUEUE:
-                self._ensure_queue(a)
-            elif kind is _Declared.TOPIC:
-                self._ensure_exchange(a)
+        for item in declared:
+            if item.kind is Declared.QUEUE:
+                self._ensure_queue(item.name)
+            elif item.kind is Declared.TOPIC:
+                self._ensure_exchange(item.name)
             else:
-                self._subscribe(Topic(a), b)
+                self._subscribe(Topic(item.name), item.subscription)
         for producer in producers:
             producer._attach(self._producer_channel(producer))
         for consumer in consumers:

@@ -1,10 +1,13 @@
 """What the sync and the asyncio session share, whatever drives them: the
-acknowledge modes, the handler of the admin channel, and the application's
-message for a delivery."""
+acknowledge modes, what a session declared (to declare again on recovery),
+the handler of the admin channel, and the application's message for a
+delivery."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ._destination import Destination
 from ._exceptions import JMSException, StaleMessageError
@@ -17,6 +20,9 @@ __all__ = [
     "DUPS_OK_ACKNOWLEDGE",
     "SESSION_TRANSACTED",
     "AdminHandler",
+    "Declaration",
+    "Declarations",
+    "Declared",
     "check_current",
     "delivered_message",
 ]
@@ -75,3 +81,43 @@ def check_current(generation: int, current: int) -> None:
             "cannot acknowledge: the message was delivered on a channel that was lost "
             "since (connection recovery); the broker delivers it again"
         )
+
+
+class Declared(enum.Enum):
+    """What a session declared."""
+
+    QUEUE = "queue"
+    TOPIC = "topic"
+    SUBSCRIPTION = "subscription"  # a durable subscription: a queue bound to a topic
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """One thing a session declared: a queue or a topic ``name``, or the
+    durable subscription ``subscription`` to the topic ``name``."""
+
+    kind: Declared
+    name: str
+    subscription: str = ""
+
+
+class Declarations:
+    """What a session declared, in order, each once: recovery declares them
+    again on the new connection before anything is re-opened."""
+
+    def __init__(self) -> None:
+        self._items: list[Declaration] = []
+
+    def record(self, kind: Declared, name: str, subscription: str = "") -> None:
+        """Remember a declaration (again: no change)."""
+        item = Declaration(kind, name, subscription)
+        if item not in self._items:
+            self._items.append(item)
+
+    def forget_subscription(self, name: str) -> None:
+        """The durable subscription ``name`` was deleted."""
+        self._items = [d for d in self._items if d.subscription != name]
+
+    def snapshot(self) -> list[Declaration]:
+        """Every declaration, in the order made."""
+        return list(self._items)

@@ -23,6 +23,8 @@ from .._session_core import (
     CLIENT_ACKNOWLEDGE,
     DUPS_OK_ACKNOWLEDGE,
     AdminHandler,
+    Declarations,
+    Declared,
     check_current,
     delivered_message,
 )
@@ -101,7 +103,7 @@ class Session:
         self._admin_channel: AioChannel | None = None
         self._producers: list[MessageProducer] = []
         self._consumers: list[MessageConsumer] = []
-        self._declared: list[tuple[str, str, str]] = []
+        self._declared = Declarations()
         self._closed = False
 
     def _check_open(self) -> None:
@@ -138,9 +140,8 @@ class Session:
         except InvalidDestinationError:
             await (await self._admin()).exchange_declare(name, "topic")
 
-    def _record(self, kind: str, a: str, b: str = "") -> None:
-        if (kind, a, b) not in self._declared:
-            self._declared.append((kind, a, b))
+    def _record(self, kind: Declared, name: str, subscription: str = "") -> None:
+        self._declared.record(kind, name, subscription)
 
     # ------------------------------------------------------- destinations
     async def create_queue(self, name: str) -> Queue:
@@ -153,7 +154,7 @@ class Session:
         self._check_open()
         queue = Queue(name)
         await self._rpc(lambda: self._ensure_queue(name))
-        self._record("queue", name)
+        self._record(Declared.QUEUE, name)
         return queue
 
     async def create_topic(self, name: str) -> Topic:
@@ -161,7 +162,7 @@ class Session:
         self._check_open()
         topic = Topic(name)
         await self._rpc(lambda: self._ensure_exchange(name))
-        self._record("topic", name)
+        self._record(Declared.TOPIC, name)
         return topic
 
     def create_text_message(self, text: str = "") -> TextMessage:
@@ -269,7 +270,7 @@ class Session:
             raise InvalidDestinationError(f"durable subscribers need a Topic, got {topic!r}")
         Queue(name)
         queue = await self._rpc(lambda: self._subscribe(topic, name))
-        self._record("subscription", topic.name, name)
+        self._record(Declared.SUBSCRIPTION, topic.name, name)
         consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
         await self._start_consumer(consumer)
         return consumer
@@ -366,7 +367,7 @@ class Session:
             await (await self._admin()).queue_delete(name)
 
         await self._rpc(delete)
-        self._declared = [d for d in self._declared if d[2] != name]
+        self._declared.forget_subscription(name)
 
     # ------------------------------------------------------------- close
     async def close(self) -> None:
@@ -402,13 +403,13 @@ class Session:
     async def _restore(self) -> None:
         """Re-declare what this session declared and re-open its channels."""
         self._admin_channel = None
-        for kind, a, b in list(self._declared):
-            if kind == "queue":
-                await self._ensure_queue(a)
-            elif kind == "topic":
-                await self._ensure_exchange(a)
+        for item in self._declared.snapshot():
+            if item.kind is Declared.QUEUE:
+                await self._ensure_queue(item.name)
+            elif item.kind is Declared.TOPIC:
+                await self._ensure_exchange(item.name)
             else:
-                await self._subscribe(Topic(a), b)
+                await self._subscribe(Topic(item.name), item.subscription)
         for producer in list(self._producers):
             producer._attach(await self._producer_channel(producer))
         for consumer in list(self._consumers):
