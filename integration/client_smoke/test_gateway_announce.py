@@ -12,7 +12,7 @@ import pytest
 
 import rabbitflow
 from integration.conftest import Broker
-from rabbitflow import _transport
+from rabbitflow import _transport_base
 from rabbitflow._transport_base import GATEWAY_PROPERTY
 
 NOTE = "Connected straight to RabbitMQ"
@@ -59,7 +59,7 @@ def test_the_sdk_notes_a_direct_connection_once_and_a_gateway_never(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _connect(gateway_url).close()  # the gateway is ready
-    monkeypatch.setattr(_transport, "_direct_noted", set())
+    monkeypatch.setattr(_transport_base, "_direct_noted", set())
     caplog.set_level(logging.INFO, logger="rabbitflow.client")
 
     for url in (gateway_url, broker.url, broker.url):
