@@ -198,14 +198,22 @@ class _Ticker:
             self.lags.append(lag)
             self.own_lags.append(max(lag - (_run_queue_wait() - queued), 0.0))
 
-    def take(self) -> tuple[list[float], list[float]]:
-        """The lags so far (wall clock, own), and start afresh."""
-        taken = (self.lags, self.own_lags)
-        self.lags, self.own_lags = [], []
-        return taken
-
     def stop(self) -> None:
         self._stop.set()
+
+
+class _Phase:
+    """A ticker running while one phase of the test runs."""
+
+    async def __aenter__(self) -> _Phase:
+        self._ticker = _Ticker()
+        self._task = asyncio.create_task(self._ticker.run())
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self._ticker.stop()
+        await self._task
+        self.lags = (self._ticker.lags, self._ticker.own_lags)
 
 
 @pytest.mark.asyncio
@@ -232,11 +240,9 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
 
         waiting = [asyncio.create_task(send_blocked(n)) for n in range(100)]
         await _until(lambda: started == 100, 10, "every task to block in send()")
-        ticker = _Ticker()
-        ticking = asyncio.create_task(ticker.run())
-        await asyncio.sleep(2.0)
-        assert not any(t.done() for t in waiting), "the sends should still be blocked"
-        blocked = ticker.take()
+        async with _Phase() as blocked:
+            await asyncio.sleep(2.0)
+            assert not any(t.done() for t in waiting), "the sends should still be blocked"
 
         busy = await session.create_producer(await session.create_queue(busy_name))
 
@@ -247,19 +253,18 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
                     delivery_mode=rabbitflow.NON_PERSISTENT,
                 )
 
-        await asyncio.wait_for(asyncio.gather(*(publish(i) for i in range(50))), 120)
-        publishing = ticker.take()
+        async with _Phase() as publishing:
+            await asyncio.wait_for(asyncio.gather(*(publish(i) for i in range(50))), 120)
 
         # One task, a window of 5,000: its sends never wait, yet the loop runs.
         wide = await session.create_producer(await session.create_queue(busy_name), capacity=5000)
-        for n in range(10000):
-            await wide.send(
-                session.create_text_message(f"wide:{n}"), delivery_mode=rabbitflow.NON_PERSISTENT
-            )
-        await _until(lambda: wide.unconfirmed_count == 0, 60, "the wide window's confirms")
-        widely = ticker.take()
-        ticker.stop()
-        await ticking
+        async with _Phase() as widely:
+            for n in range(10000):
+                await wide.send(
+                    session.create_text_message(f"wide:{n}"),
+                    delivery_mode=rabbitflow.NON_PERSISTENT,
+                )
+            await _until(lambda: wide.unconfirmed_count == 0, 60, "the wide window's confirms")
         for task in waiting:
             task.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
@@ -267,9 +272,9 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         await _until(lambda: stuck.unconfirmed_count == 0, 30, "the nacked message's re-send")
     assert ready_count(broker.url, busy_name) == 50 * 200 + 10000
     phases = (
-        ("100 tasks blocked", blocked),
-        ("50 tasks publishing", publishing),
-        ("1 task, window 5,000", widely),
+        ("100 tasks blocked", blocked.lags),
+        ("50 tasks publishing", publishing.lags),
+        ("1 task, window 5,000", widely.lags),
     )
     for label, (lags, own) in phases:
         assert len(lags) >= 20, f"{label}: the ticker hardly ran ({len(lags)} ticks)"

@@ -315,7 +315,7 @@ async def test_tasks_waiting_on_a_full_window_go_in_the_order_they_came() -> Non
 
 @pytest.mark.asyncio
 async def test_a_task_whose_sends_never_wait_still_lets_the_loop_run() -> None:
-    _, _, session, producer, _ = await _setup(capacity=1000)
+    _, _, session, producer, _ = await _setup(capacity=5000)
     turns = 0
     sending = True
 
@@ -328,12 +328,13 @@ async def test_a_task_whose_sends_never_wait_still_lets_the_loop_run() -> None:
     counter = asyncio.create_task(count_turns())
     await asyncio.sleep(0)  # the counter starts
     before = turns
-    for n in range(640):  # the window never fills: no send has to wait
+    for n in range(1280):  # the window never fills: no send has to wait
         await producer.send(session.create_text_message(str(n)))
     sending = False
     await counter
-    # Without a yield the 640 sends would run in one turn of the loop.
-    assert turns - before >= 640 // 64 - 1
+    # Without a yield the 1,280 sends would run in one turn of the loop; the
+    # driver yields once every 128.
+    assert turns - before >= 1280 // 128 - 1
 
 
 @pytest.mark.asyncio

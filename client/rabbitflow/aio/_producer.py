@@ -50,11 +50,11 @@ __all__ = ["MessageProducer", "ProducerContext"]
 
 _ids = itertools.count(1)
 # Bounded work per loop turn, so that other tasks (and the loop's I/O) get
-# their turn within milliseconds whatever the capacity: a task whose sends
-# never have to wait yields once every _YIELD_EVERY sends (a send that does
-# not suspend is no await at all to asyncio), and one pump publishes at most
-# _PUMP_BATCH messages before it lets the loop run again.
-_YIELD_EVERY = 64
+# their turn within milliseconds whatever the capacity.  A send that does not
+# suspend is no await at all to asyncio, so a task whose sends never have to
+# wait would keep the loop: it yields once every _YIELD_EVERY such sends.
+# One pump publishes at most _PUMP_BATCH messages before it lets the loop run.
+_YIELD_EVERY = 128
 _PUMP_BATCH = 256
 
 
