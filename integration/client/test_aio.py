@@ -289,6 +289,7 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         # held the CPU (on a loaded machine, tens of milliseconds) is the
         # operating system's, not the driver's.  A callback that computes or
         # blocks for long, or a garbage collection, counts in full.
+        print(state)  # shown with -s: the figures of docs/client.md
         assert max(own) <= 0.020, state
 
 
