@@ -349,3 +349,41 @@ async def test_a_long_queue_is_published_in_bounded_batches() -> None:
     await _until(lambda: sum(resent.batches) == 1500, "the re-sends")
     assert max(resent.batches) <= 256
     assert max(channel.batches) <= 256
+
+
+@pytest.mark.asyncio
+async def test_sends_blocked_together_log_their_warnings_a_few_per_loop_turn() -> None:
+    properties = {**FAST, "qpid.flow_control_wait_notify_period": 200}
+    _, _, session, producer, channel = await _setup(capacity=5, properties=properties)
+    channel.emit_flow(False)
+    turn = 0
+    logged_in_turn: list[int] = []
+
+    class Record(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Message send delayed by"):
+                logged_in_turn.append(turn)
+
+    async def count_turns() -> None:
+        nonlocal turn
+        while True:
+            turn += 1
+            await asyncio.sleep(0)
+
+    handler = Record()
+    logger = logging.getLogger(rabbitflow.LOGGER_NAME)
+    logger.addHandler(handler)
+    counter = asyncio.create_task(count_turns())
+    blocked = [
+        asyncio.create_task(producer.send(session.create_text_message(str(n)))) for n in range(40)
+    ]
+    try:
+        await _until(lambda: len(logged_in_turn) >= 40, "every blocked send's warning")
+    finally:
+        counter.cancel()
+        for task in blocked:
+            task.cancel()
+        await asyncio.gather(counter, *blocked, return_exceptions=True)
+        logger.removeHandler(handler)
+    per_turn = [logged_in_turn.count(t) for t in set(logged_in_turn[:40])]
+    assert max(per_turn) <= 8

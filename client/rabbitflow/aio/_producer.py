@@ -56,6 +56,11 @@ _ids = itertools.count(1)
 # One pump publishes at most _PUMP_BATCH messages before it lets the loop run.
 _YIELD_EVERY = 128
 _PUMP_BATCH = 256
+# Sends blocked together reach their "delayed" warning (and their timeout)
+# together: at most _LOGS_PER_TURN of them log in one loop turn, the others
+# in the next turns (a log line can cost a millisecond, and a hundred of
+# them in one turn held the loop for 87 ms).
+_LOGS_PER_TURN = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,7 @@ class MessageProducer(ProducerCounters):
         self._error: JMSException | None = None
         self._closed = False
         self._streak = 0  # sends since one last suspended (see _YIELD_EVERY)
+        self._turn_logs = 0  # wait log lines in this loop turn (see _LOGS_PER_TURN)
 
     # -------------------------------------------------------------- public
     @property
@@ -253,6 +259,8 @@ class MessageProducer(ProducerCounters):
                 flow_started = now
                 _tracing.blocked(span, self._window.wait_reason())
             step = wait.poll(now)
+            if step.notices or step.failed is not None:
+                await self._log_turn()
             for notice in step.notices:
                 self._log_wait(notice, target)
             if step.failed is not None:
@@ -260,6 +268,17 @@ class MessageProducer(ProducerCounters):
                 _tracing.waited(span, self._clock() - start)
                 raise timeout_error(step.failed)
             await self._changed(max(step.wake_at - now, 0.001))
+
+    async def _log_turn(self) -> None:
+        """Return in a loop turn where fewer than _LOGS_PER_TURN sends logged."""
+        while self._turn_logs >= _LOGS_PER_TURN:
+            await asyncio.sleep(0)
+        if self._turn_logs == 0:
+            self._loop.call_soon(self._new_log_turn)  # runs first in the next turn
+        self._turn_logs += 1
+
+    def _new_log_turn(self) -> None:
+        self._turn_logs = 0
 
     def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
         log_wait(notice, self._window.wait_reason(), self._fields(target))
