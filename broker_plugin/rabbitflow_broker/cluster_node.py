@@ -50,9 +50,9 @@ __all__ = ["ClusterNode", "member_id"]
 _log = structlog.get_logger("rabbitflow.broker")
 
 #: Seconds between the node's rounds (requests out, holds promoted).
-TICK_S: Final = 0.05
+TICK_S: Final = 0.1
 #: Seconds between broadcasts of the owner's state (also sent on each change).
-STATE_EVERY_S: Final = 0.5
+STATE_EVERY_S: Final = 1.0
 #: At most one "definitions changed" notice per this many seconds.
 DEFS_DEBOUNCE_S: Final = 0.05
 
@@ -241,7 +241,7 @@ class ClusterNode:
         promoted = self.book.tick(now)
         if promoted:
             self.gateway.holds_changed({key[0] for key in promoted})
-        if now - self._hello_sent >= self.lease / 4:
+        if now - self._hello_sent >= self.lease / 2:
             self._hello_sent = now
             hello = {"t": "hello", "m": self.member, "e": self.book.epoch, **self._describe()}
             self.bus.send(hello, to="owner")
