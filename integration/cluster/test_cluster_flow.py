@@ -337,3 +337,42 @@ def test_member_killed_its_producers_fail_over_nothing_lost_bound_holds(
     peak = watcher.finish()
     bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
     assert peak <= bound, f"peak depth {peak} over {bound}"
+
+
+@pytest.mark.slow
+def test_thresholds_and_administrator_stops_apply_on_every_member_within_a_second(
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
+    _ready_cluster(members)
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(members[0], queue)
+    path = f"/api/queues/%2F/{queue}"
+    status, body = members[1].http("PUT", f"{path}/flow", {"flowStopCount": 5000})
+    assert status == 200, body
+    changed = time.monotonic()
+    wait_for(
+        lambda: all(m.http("GET", path)[1].get("flowStopCount") == 5000 for m in members),
+        timeout=5,
+        interval=0.02,
+        what="the new threshold on every member",
+    )
+    assert time.monotonic() - changed <= 1.0
+    status, body = members[2].http("POST", "/api/producers/stop", {"queue": queue})
+    assert status == 200, body
+    stopped = time.monotonic()
+    # A producer on another member is held: its channel flowed, nothing confirmed.
+    producer = WindowProducer(members[0].url, queue, pid="p", count=None, capacity=CAPACITY)
+    producer.start()
+    try:
+        wait_for(lambda: False in producer.flow_changes, timeout=5, what="producer flowed")
+        assert time.monotonic() - stopped <= 1.5
+        assert producer.confirmed == 0
+        status, body = members[1].http("POST", "/api/producers/start", {"queue": queue})
+        assert status == 200, body
+        wait_for(lambda: producer.confirmed >= CAPACITY, timeout=5, what="released everywhere")
+    finally:
+        _finish([producer])
