@@ -3,35 +3,29 @@
 Each step reads only what was added to the inputs since the last committed
 step (new files, lines appended to files already read: see
 :mod:`rabbitflow_pipeline.offsets`), parses it exactly as the batch job
-does, pairs it with the stored state of the episodes still open, and
+does, pairs it with the stored state of the intervals still open, and
 updates the tables and ``report.html``.  The final tables equal what the
-batch job writes for the whole input.
-
-Layout under ``--out`` (everything the step keeps is under ``_state``)::
-
-    _state/commit.json            the checkpoint: offsets, counters, what is current
-    _state/staging/batch-N/       the new lines of step N, copied before parsing
-    _state/state/vN/              after step N: the opening event of every open
-                                  interval and the events not yet settled
-    _state/malformed/bN/          malformed lines of step N, counted per source/reason
-    _state/client/bN/             client records parsed in step N
-    events/batch=N/               the parsed events of step N (Parquet event store)
-    episodes/ channel_blocks/ store_episodes/
-                                  one file set per step of settled (closed) rows,
-                                  plus the current step's provisional rows
-    queue_summary/ advice/ send_delays/ malformed/
-                                  rewritten each step from the stored state
-    report.html                   replaced atomically each step
+batch job writes for the whole input.  What is kept where is described in
+:mod:`rabbitflow_pipeline.checkpoint`.
 
 **Settling.**  Events of one key may come from several files (several
 gateways log the same queue), and one file may be read further than
 another.  An event is *settled* once it is at least ``lateness`` older
-than the newest event seen; only settled events are paired into the
-stored state, so an event of another file that arrives up to
-``lateness`` late still falls into its place.  The newer, unsettled
-events are paired afresh at every step with the open intervals
-(provisional rows, replaced at the next step).  An event that arrives
-later than that (``late`` in the result) is paired where it lands.
+than the newest event seen (the *frontier*).  Each step pairs the stored
+state (the opening event of every interval still open, and the events
+not yet settled) with the new events, in one pass.  A row whose end is
+settled is final (kept in the step's ``b`` files); every other row is
+provisional (the step's ``p`` files, replaced at the next step), and its
+opening event, if settled, is stored for the next step together with the
+unsettled events.  So an event of another file that arrives up to
+``lateness`` late still falls into its place; one later than that
+(``late`` in the result) is paired where it lands.
+
+**Aggregates.**  Nothing is re-read from earlier steps but the episodes
+(for the exact duration percentiles and the report's timeline): the send
+delays and malformed counts are merged into the stored tables, blocked
+channels are stored per channel with their settled block counts, and the
+report's histograms and totals are counters in the checkpoint.
 
 **Commit.**  A step writes everything under names of its own step number
 and then replaces ``commit.json`` (the one commit point); whatever a
@@ -42,23 +36,36 @@ Nothing is read twice and nothing is lost.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from rabbitflow_pipeline import outputs
 from rabbitflow_pipeline import transforms as tf
-from rabbitflow_pipeline.offsets import Tracked, copy_range, observe, plan_reads
+from rabbitflow_pipeline.checkpoint import (
+    INTERVAL_TABLES,
+    STATE_DIR,
+    Checkpoint,
+    clean,
+    commit,
+    load_checkpoint,
+    load_manifest,
+    source_column,
+    stage,
+    staged_paths,
+    write_text_atomically,
+)
+from rabbitflow_pipeline.offsets import Tracked
 from rabbitflow_pipeline.report import ReportData, render_report
 from rabbitflow_pipeline.schemas import (
     CHANNEL_BLOCKS_SCHEMA,
@@ -81,86 +88,32 @@ __all__ = [
     "write_text_atomically",
 ]
 
-#: Directory under ``--out`` holding the checkpoint and the stored state.
-STATE_DIR = "_state"
 #: Default seconds an event may arrive after newer events of another file.
 DEFAULT_LATENESS_S = 60.0
 
-_COMMIT = "commit.json"
-_MANIFEST = "_manifest.json"
-#: Part directories (or table file sets) past which a step compacts them into one.
+#: Settled file sets past which a step compacts a table's into one.
 _COMPACT_AFTER = 48
-_TIMELINE_BUCKETS = 240
-_TIMELINE_QUEUES = 30
-_EPOCH = dt.datetime(1970, 1, 1)
+#: Threads submitting a step's independent Spark jobs (as the batch job does).
+_JOB_THREADS = 4
 
-#: The interval tables: settled rows are appended per step, open ones replaced.
-_INTERVAL_TABLES: dict[str, tuple[Any, Callable[[DataFrame], DataFrame]]] = {
-    "episodes": (EPISODES_SCHEMA, tf.episodes_from),
-    "channel_blocks": (CHANNEL_BLOCKS_SCHEMA, tf.channel_blocks_from),
-    "store_episodes": (STORE_EPISODES_SCHEMA, tf.store_episodes_from),
+_SCHEMAS = {
+    "episodes": EPISODES_SCHEMA,
+    "channel_blocks": CHANNEL_BLOCKS_SCHEMA,
+    "store_episodes": STORE_EPISODES_SCHEMA,
 }
-_REWRITTEN_TABLES = ("queue_summary", "advice", "send_delays", "malformed")
-_INTERVAL_KINDS = ("queue", "channel", "store")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """What the last committed step left: the content of ``_state/commit.json``."""
-
-    batch: int = -1
-    files: tuple[Tracked, ...] = ()
-    next_seq: int = 0
-    frontier_us: int | None = None
-    window_start_us: int | None = None
-    window_end_us: int | None = None
-    lines: int = 0
-    malformed: int = 0
-    ignored: int = 0
-    late: int = 0
-    #: ``_state``-relative directory of the open starts and unsettled events.
-    state: str | None = None
-    malformed_parts: tuple[str, ...] = ()
-    client_parts: tuple[str, ...] = ()
-    #: Table name to its current files (relative to the table directory).
-    tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch,
-            "files": [f.to_json() for f in self.files],
-            "next_seq": self.next_seq,
-            "frontier_us": self.frontier_us,
-            "window_start_us": self.window_start_us,
-            "window_end_us": self.window_end_us,
-            "lines": self.lines,
-            "malformed": self.malformed,
-            "ignored": self.ignored,
-            "late": self.late,
-            "state": self.state,
-            "malformed_parts": list(self.malformed_parts),
-            "client_parts": list(self.client_parts),
-            "tables": {k: list(v) for k, v in self.tables.items()},
-        }
-
-    @staticmethod
-    def from_json(doc: Mapping[str, Any]) -> Checkpoint:
-        return Checkpoint(
-            batch=int(doc["batch"]),
-            files=tuple(Tracked.from_json(f) for f in doc["files"]),
-            next_seq=int(doc["next_seq"]),
-            frontier_us=doc["frontier_us"],
-            window_start_us=doc["window_start_us"],
-            window_end_us=doc["window_end_us"],
-            lines=int(doc["lines"]),
-            malformed=int(doc["malformed"]),
-            ignored=int(doc["ignored"]),
-            late=int(doc["late"]),
-            state=doc["state"],
-            malformed_parts=tuple(doc["malformed_parts"]),
-            client_parts=tuple(doc["client_parts"]),
-            tables={k: tuple(v) for k, v in doc["tables"].items()},
-        )
+_KIND_OF = {"episodes": "queue", "channel_blocks": "channel", "store_episodes": "store"}
+_SELECT: dict[str, Callable[[DataFrame], DataFrame]] = {
+    "episodes": tf.episodes_from,
+    "channel_blocks": tf.channel_blocks_from,
+    "store_episodes": tf.store_episodes_from,
+}
+_CHANNELS_SCHEMA = (
+    "vhost string, queue string, source string, connection long, channel long, blocks long"
+)
+_MALFORMED_SCHEMA = "log string, source string, reason string, count long"
+#: State rows: the opening event of an open interval, an unsettled event,
+#: the last transition of a queue (only for the duplicate test), a new event.
+_OPEN, _PENDING, _CONTEXT, _NEW = "open", "pending", "context", "new"
 
 
 @dataclass(frozen=True)
@@ -188,174 +141,312 @@ class StepResult:
         return self.malformed > 0 and self.events == 0 and self.ignored == 0
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write ``path`` so that a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def _lower(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
-def load_checkpoint(out: Path) -> Checkpoint:
-    """The last committed checkpoint under ``out`` (an empty one before the first step)."""
-    path = out / STATE_DIR / _COMMIT
-    if not path.exists():
-        return Checkpoint()
-    return Checkpoint.from_json(json.loads(path.read_text(encoding="utf-8")))
+def _higher(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
-def _commit(out: Path, checkpoint: Checkpoint) -> None:
-    write_text_atomically(out / STATE_DIR / _COMMIT, json.dumps(checkpoint.to_json(), indent=1))
+def _is_connect(spark: SparkSession) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def _batch_of(name: str) -> int | None:
-    return int(name) if name.isdigit() else None
+@dataclass
+class _Step:
+    """One step's inputs and what its stages hand each other."""
+
+    spark: SparkSession
+    out: Path
+    cp: Checkpoint
+    parts: Sequence[Mapping[str, Any]]
+    lateness_us: int
+    kept: outputs.Kept
+    pool: ThreadPoolExecutor
+    counts: dict[str, Any] | None = None
+    client: DataFrame | None = None
+    delay_counts: dict[str, int] | None = None
+    intervals: DataFrame | None = None
+    step_counts: dict[str, Any] | None = None
+    tables: dict[str, tuple[str, ...]] | None = None
+    state: str | None = None
+    channels: str | None = None
+    small: dict[str, DataFrame] | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.cp.batch + 1
+
+    @property
+    def root(self) -> Path:
+        return self.out / STATE_DIR
+
+    def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
+        return [p for p in self.parts if p["kind"] == kind]
+
+    @property
+    def frontier_us(self) -> int | None:
+        assert self.counts is not None
+        end = _higher(self.cp.window_end_us, self.counts["end_us"])
+        frontier = self.cp.frontier_us
+        if end is not None:
+            frontier = _higher(frontier, end - self.lateness_us)
+        return frontier
 
 
-def _clean(out: Path, checkpoint: Checkpoint, *, keep_staging: int | None) -> None:
-    """Delete whatever the checkpoint does not name (a killed step's leftovers, old state)."""
-    root = out / STATE_DIR
-    named = {checkpoint.state, *checkpoint.malformed_parts, *checkpoint.client_parts}
-    for area in ("state", "malformed", "client", "tmp"):
-        base = root / area
-        if not base.is_dir():
-            continue
-        for child in base.iterdir():
-            if f"{area}/{child.name}" not in named:
-                shutil.rmtree(child, ignore_errors=True)
-    staging = root / "staging"
-    if staging.is_dir():
-        for child in staging.iterdir():
-            if keep_staging is None or child.name != f"batch-{keep_staging:08d}":
-                shutil.rmtree(child, ignore_errors=True)
-    events = out / "events"
-    if events.is_dir():
-        for child in events.iterdir():
-            batch = _batch_of(child.name.removeprefix("batch="))
-            if child.name.startswith("batch=") and (batch is None or batch > checkpoint.batch):
-                shutil.rmtree(child, ignore_errors=True)
-    for table in (*_INTERVAL_TABLES, *_REWRITTEN_TABLES):
-        directory = out / table
-        if not directory.is_dir():
-            continue
-        listed = set(checkpoint.tables.get(table, ()))
-        for child in directory.iterdir():
-            if child.name not in listed:
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-
-
-def _uri(path: str) -> str:
-    """A path as Spark's ``input_file_name()`` names it (``file:///dir/file``)."""
-    return Path(path).as_uri()
-
-
-def _stage(
-    out: Path, checkpoint: Checkpoint, patterns: Iterable[tuple[str, str]]
-) -> dict[str, Any]:
-    """Copy the new whole lines of every input into the next step's staging directory.
-
-    Returns the manifest (also written, last, as ``_manifest.json``); a
-    step killed before that starts its staging over.
-    """
-    batch = checkpoint.batch + 1
-    staging = out / STATE_DIR / "staging" / f"batch-{batch:08d}"
-    shutil.rmtree(staging, ignore_errors=True)
-    reads = plan_reads(checkpoint.files, observe(patterns, checkpoint.files))
-    parts: list[dict[str, Any]] = []
-    fresh = [r for r in reads if r.end > r.start]
-    if fresh:
-        staging.mkdir(parents=True)
-    for index, read in enumerate(fresh):
-        copy_range(read.path, read.start, read.end, staging / f"{index:06d}.log")
-        parts.append(
-            {
-                "index": index,
-                "kind": read.kind,
-                "source": _uri(read.path),
-                "start": read.start,
-                "end": read.end,
-            }
-        )
-    manifest = {"batch": batch, "files": [r.tracked.to_json() for r in reads], "parts": parts}
-    if fresh:
-        write_text_atomically(staging / _MANIFEST, json.dumps(manifest, indent=1))
-    return manifest
-
-
-def _load_manifest(out: Path, batch: int) -> dict[str, Any] | None:
-    path = out / STATE_DIR / "staging" / f"batch-{batch:08d}" / _MANIFEST
-    if not path.exists():
-        return None
-    loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return loaded
-
-
-def _source_column(out: Path, batch: int, parts: Sequence[Mapping[str, Any]]) -> Column:
-    """The original file's URI for a row of a staged copy (as the batch job's ``source``)."""
-    index = F.regexp_extract(F.input_file_name(), r"(\d{6})\.log$", 1).cast("int")
-    mapping = F.create_map(
-        *(x for p in parts for x in (F.lit(int(p["index"])), F.lit(str(p["source"]))))
-    )
-    return mapping[index]
-
-
-def _staged_paths(out: Path, batch: int, parts: Sequence[Mapping[str, Any]]) -> list[str]:
-    staging = out / STATE_DIR / "staging" / f"batch-{batch:08d}"
-    return [str(staging / f"{int(p['index']):06d}.log") for p in parts]
-
-
-def _parse_events(
-    spark: SparkSession, out: Path, batch: int, parts: Sequence[Mapping[str, Any]]
-) -> DataFrame:
+def _parse_events(step: _Step) -> DataFrame:
     """Staged event-log lines → classified events (the batch job's reader and parser)."""
+    parts = step.of_kind("events")
+    spark = step.spark
     if parts:
         raw = (
             spark.read.schema(EVENT_WIRE_SCHEMA)
             .option("mode", "PERMISSIVE")
             .option("columnNameOfCorruptRecord", CORRUPT_COLUMN)
-            .json(_staged_paths(out, batch, parts))
+            .json(staged_paths(step.out, step.batch, parts))
         )
-        raw = raw.select("*", _source_column(out, batch, parts).alias("source"))
+        raw = raw.select("*", source_column(parts).alias("source"))
     else:
         raw = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
     return tf.classify_events(raw)
 
 
-def _parse_client(
-    spark: SparkSession, out: Path, batch: int, parts: Sequence[Mapping[str, Any]]
-) -> DataFrame:
-    if parts:
-        lines = spark.read.text(_staged_paths(out, batch, parts)).select(
-            "value", _source_column(out, batch, parts).alias("source")
-        )
-    else:
-        lines = spark.createDataFrame([], LINES_SCHEMA)
-    return tf.parse_client_lines(lines)
+def _event_metrics() -> list[Column]:
+    """What a step counts while it writes its parsed events.
+
+    No value of the step's own in them (nor in the parse): the parse's
+    generated code, large and slow to compile, is then the same at every
+    step, and Spark reuses it.
+    """
+    good_us = F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))
+    return [
+        F.count(F.lit(1)).alias("lines"),
+        F.count(F.when(tf.is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
+        F.count(F.when(F.col("malformed_reason") == tf.IGNORED, 1)).alias("ignored"),
+        F.min(good_us).alias("start_us"),
+        F.max(good_us).alias("end_us"),
+    ]
 
 
-def _read_parts(
-    spark: SparkSession, root: Path, parts: Sequence[str], empty: DataFrame
-) -> DataFrame:
+#: The step number's place in a stored event's ``seq`` (see :func:`_global_seq`).
+_SEQ_STEP_SHIFT = 40
+_ROW_BITS = 33
+_PARTITION_SHIFT = 28
+
+
+def _global_seq() -> Column:
+    """An event's input position across steps, from its step and its position in the step.
+
+    ``seq`` is ``monotonically_increasing_id()`` within the step (partition
+    index above bit 33, row below): packed into 40 bits (partition index
+    above bit 28, up to 2^28 rows per partition and 2^12 partitions per
+    step) under the step number, taken from the event store's ``batch=N``
+    directory, so no literal of the step's own enters the generated code.
+    """
+    seq = F.col("seq")
+    row = F.expr(f"seq & {(1 << _ROW_BITS) - 1}")
+    partition = F.shiftright(seq, _ROW_BITS)
+    return (
+        F.shiftleft(F.col("batch").cast("long"), _SEQ_STEP_SHIFT)
+        + F.shiftleft(partition, _PARTITION_SHIFT)
+        + row
+    )
+
+
+def _events_dir(step: _Step) -> Path:
+    return step.out / "events" / f"batch={step.batch}"
+
+
+def _parse(step: _Step) -> None:
+    """Parse the new event lines once into the event store (counting them on the way)."""
+    classified = _parse_events(step)
+    metrics = _event_metrics()
+    observation = Observation("step-events")
+    client = step.pool.submit(_parse_client, step)
+    classified.observe(observation, *metrics).write.mode("overwrite").parquet(
+        str(_events_dir(step))
+    )
+    counts = dict(observation.get)
+    if "lines" not in counts:  # Spark Connect reports no metrics observed under a write
+        row = _new_events(step).agg(*metrics).first()
+        counts = {} if row is None else row.asDict()
+    step.counts = counts
+    client.result()
+
+
+def _new_events(step: _Step) -> DataFrame:
+    """The step's parsed events from the event store, ``seq`` made unique across steps."""
+    schema = _event_schema(step.spark)
+    stored = T.StructType([*schema.fields, T.StructField("batch", T.IntegerType())])
+    events = (
+        step.spark.read.schema(stored)
+        .option("basePath", str(step.out / "events"))
+        .parquet(str(_events_dir(step)))
+    )
+    return events.withColumn("seq", _global_seq()).drop("batch")
+
+
+def _late(step: _Step, events: DataFrame) -> int:
+    """New good events older than the last step's frontier (paired where they land)."""
+    if step.cp.frontier_us is None:
+        return 0
+    late = F.col("malformed_reason").isNull() & (F.unix_micros("ts") <= step.cp.frontier_us)
+    return events.where(late).count()
+
+
+def _parse_client(step: _Step) -> None:
+    """The new client records, kept, and the delay histogram counted over them."""
+    parts = step.of_kind("client")
     if not parts:
-        return empty
-    return spark.read.schema(empty.schema).parquet(*(str(root / p) for p in parts))
+        return
+    lines = step.spark.read.text(staged_paths(step.out, step.batch, parts)).select(
+        "value", source_column(parts).alias("source")
+    )
+    step.client = step.kept.keep(tf.parse_client_lines(lines))
+    row = step.client.agg(*tf.histogram_metrics(tf.delay_seconds(), "delay")).first()
+    step.delay_counts = {} if row is None else {k: int(v) for k, v in row.asDict().items()}
 
 
-def _write_dir(df: DataFrame, path: Path) -> None:
-    df.write.mode("overwrite").parquet(str(path))
+def _empty_client(spark: SparkSession) -> DataFrame:
+    return tf.parse_client_lines(spark.createDataFrame([], LINES_SCHEMA))
 
 
-def _add_files(df: DataFrame, out: Path, table: str, prefix: str) -> list[str]:
+def _pair(step: _Step) -> None:
+    """Pair the stored state with the new events in one pass; keep the intervals."""
+    spark = step.spark
+    schema = _event_schema(spark)
+    fresh = _new_events(step)
+    late = step.pool.submit(_late, step, fresh)
+    new_events = fresh.withColumn("_role", F.lit(_NEW))
+    if step.cp.state is not None:
+        state_schema = T.StructType([*schema.fields, T.StructField("_role", T.StringType())])
+        previous = spark.read.schema(state_schema).parquet(str(step.root / step.cp.state))
+        pool = previous.unionByName(new_events)
+    else:
+        pool = new_events
+    frontier = step.frontier_us
+    settled = _settled_event(frontier)
+    context = (F.col("_role") == F.lit(_CONTEXT)).alias("_is_context")
+    candidates = tf.pair_candidates(pool.select("*", context), context="_is_context")
+    intervals = tf.finish_intervals(candidates, keep_seq=True)
+    # The pairing is kept as it is; the frontier, a value of this step's own,
+    # is applied to the kept rows in a small job of its own (see _event_metrics).
+    paired = step.kept.keep(intervals)
+    step.intervals = step.kept.keep(paired.withColumn("_final", _final_test(step)))
+    step.state = f"state/v{step.batch:08d}"
+    opened = (
+        _provisional(step)
+        .where(F.col("kind").isin("queue", "channel", "store"))
+        .select(F.col("start_seq").alias("seq"))
+    )
+    state = step.pool.submit(_write_state, step, pool, settled, opened)
+    counted = step.pool.submit(_step_counts, step)
+    written = [step.pool.submit(_write_intervals, step, table) for table in INTERVAL_TABLES]
+    step.tables = dict(done.result() for done in written)
+    state.result()
+    counted.result()
+    assert step.counts is not None
+    step.counts["late"] = late.result()
+
+
+def _final_test(step: _Step) -> Column:
+    """A kept interval is final once its end is settled (a malformed line's count at once)."""
+    final = F.col("kind") == F.lit("malformed")
+    frontier = step.frontier_us
+    if frontier is not None:
+        final = final | F.coalesce(F.unix_micros("end") <= F.lit(frontier), F.lit(False))
+    return final
+
+
+def _final(step: _Step) -> DataFrame:
+    assert step.intervals is not None
+    return step.intervals.where(F.col("_final"))
+
+
+def _provisional(step: _Step) -> DataFrame:
+    assert step.intervals is not None
+    return step.intervals.where(~F.col("_final"))
+
+
+def _event_schema(spark: SparkSession) -> T.StructType:
+    """The schema of a parsed event (:func:`~rabbitflow_pipeline.transforms.classify_events`)."""
+    empty = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
+    return tf.classify_events(empty).schema
+
+
+def _settled_event(frontier_us: int | None) -> Column:
+    if frontier_us is None:
+        return F.lit(True)
+    return F.col("malformed_reason").isNotNull() | (F.unix_micros("ts") <= F.lit(frontier_us))
+
+
+def _write_state(step: _Step, pool: DataFrame, settled: Column, opened: DataFrame) -> None:
+    """The next step's state: open starts, unsettled events, each queue's last transitions."""
+    role = F.col("_role")
+    settled_pool = pool.where(settled)
+    starts = settled_pool.where(role != F.lit(_CONTEXT)).join(opened, "seq", "left_semi")
+    pending = pool.where(~settled)
+    # The last QUE-1003 and QUE-1004 of each queue logged by a cluster member:
+    # what a later duplicate of that transition is told apart by.
+    transitions = settled_pool.where(
+        F.col("malformed_reason").isNull()
+        & F.col("code").isin("QUE-1003", "QUE-1004")
+        & F.col("gateway").isNotNull()
+    )
+    columns = [c for c in pool.columns if c != "_role"]
+    last = (
+        transitions.groupBy("vhost", "queue", "code")
+        .agg(F.max_by(F.struct(*columns), F.struct("ts", "seq")).alias("_e"))
+        .select("_e.*")
+        .join(opened, "seq", "left_anti")
+    )
+    state = (
+        starts.drop("_role")
+        .withColumn("_role", F.lit(_OPEN))
+        .unionByName(pending.drop("_role").withColumn("_role", F.lit(_PENDING)))
+        .unionByName(last.select(*columns).withColumn("_role", F.lit(_CONTEXT)))
+    )
+    assert step.state is not None
+    state.write.mode("overwrite").parquet(str(step.root / step.state))
+
+
+def _step_counts(step: _Step) -> None:
+    """Rows per table and block-duration histograms, settled and provisional, in one job."""
+    assert step.intervals is not None
+    final = F.col("_final")
+    block = F.col("kind") == F.lit("channel")
+    metrics = []
+    for name, rows in (("final", final), ("prov", ~final)):
+        for table, kind in _KIND_OF.items():
+            metrics.append(
+                F.count(F.when(rows & (F.col("kind") == F.lit(kind)), 1)).alias(f"{name}_{table}")
+            )
+        duration = F.when(rows & block, F.col("duration_s"))
+        metrics.extend(tf.histogram_metrics(duration, f"{name}_block"))
+    open_episode = ~final & F.col("open") & (F.col("kind") == F.lit("queue"))
+    metrics.append(F.count(F.when(open_episode, 1)).alias("open_episodes"))
+    row = step.intervals.agg(*metrics).first()
+    assert row is not None
+    step.step_counts = row.asDict()
+
+
+def _write_intervals(step: _Step, table: str) -> tuple[str, tuple[str, ...]]:
+    """This step's settled and provisional rows of ``table``; returns its current files."""
+    select = _SELECT[table]
+    kept = [f for f in step.cp.tables.get(table, ()) if f.startswith("b")]
+    names = _add_files(step, select(_final(step)), table, f"b{step.batch:08d}")
+    names += _add_files(step, select(_provisional(step)), table, f"p{step.batch:08d}")
+    return table, (*kept, *names)
+
+
+def _add_files(step: _Step, df: DataFrame, table: str, prefix: str) -> list[str]:
     """Write ``df`` and move its part files into ``out/table`` as ``prefix-NNNN.parquet``."""
-    tmp = out / STATE_DIR / "tmp" / f"{table}-{prefix}"
+    tmp = step.root / "tmp" / f"{table}-{prefix}"
     shutil.rmtree(tmp, ignore_errors=True)
-    _write_dir(df, tmp)
-    directory = out / table
+    # One file per step and table: a step adds a few percent of the rows.
+    outputs.write_table(df.coalesce(1), tmp)
+    directory = step.out / table
     directory.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
     for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):
@@ -366,38 +457,191 @@ def _add_files(df: DataFrame, out: Path, table: str, prefix: str) -> list[str]:
     return names
 
 
-def _read_table(
-    spark: SparkSession, out: Path, table: str, files: Sequence[str], schema: Any
-) -> DataFrame:
+def _read_table(step: _Step, table: str, schema: Any) -> DataFrame:
+    assert step.tables is not None
+    files = step.tables.get(table) or step.cp.tables.get(table, ())
     if not files:
-        return spark.createDataFrame([], schema)
-    return spark.read.schema(schema).parquet(*(str(out / table / f) for f in files))
+        return step.spark.createDataFrame([], schema)
+    return step.spark.read.schema(schema).parquet(*(str(step.out / table / f) for f in files))
 
 
-def _window_frame(spark: SparkSession, start_us: int | None, end_us: int | None) -> DataFrame:
-    start = F.lit(start_us).cast("long")
-    end = F.lit(end_us).cast("long")
-    return spark.range(1).select(
-        F.timestamp_micros(start).alias("window_start"),
-        F.timestamp_micros(end).alias("window_end"),
-        ((end - start) / F.lit(1_000_000.0)).alias("window_s"),
+def _aggregates(step: _Step, queue_limits: Any) -> None:
+    """Summary, advice, send delays and malformed counts from the stored state and this step."""
+    spark, intervals = step.spark, step.intervals
+    assert intervals is not None
+    assert step.tables is not None
+    window = outputs.window_frame(spark, *_window(step))
+    client = step.client if step.client is not None else _empty_client(spark)
+    delays = tf.merge_send_delays(
+        _previous(
+            step, "send_delays", tf.send_delays(tf.client_flow_records(client)).schema
+        ).unionByName(tf.send_delays(tf.client_flow_records(client)))
+    )
+    gateway_malformed = (
+        intervals.where(F.col("kind") == "malformed")
+        .groupBy("source", "reason")
+        .agg(F.count(F.lit(1)).alias("count"))
+        .select(F.lit("gateway").alias("log"), "source", "reason", "count")
+    )
+    client_malformed = tf.malformed_summary(
+        spark.createDataFrame([], "source string, malformed_reason string"), client
+    )
+    malformed = (
+        _previous(step, "malformed", _MALFORMED_SCHEMA)
+        .unionByName(gateway_malformed)
+        .unionByName(client_malformed)
+        .groupBy("log", "source", "reason")
+        .agg(F.sum("count").alias("count"))
+    )
+    step.channels = f"channels/v{step.batch:08d}"
+    channels = _stored_channels(step).unionByName(
+        tf.blocked_channels(tf.channel_blocks_from(_final(step)))
+    )
+    kept_delays = step.pool.submit(step.kept.keep, delays)
+    kept_malformed = step.pool.submit(step.kept.keep, malformed)
+    channels_done = step.pool.submit(
+        outputs.write_table,
+        channels.groupBy("vhost", "queue", "source", "connection", "channel").agg(
+            F.sum("blocks").alias("blocks")
+        ),
+        step.root / step.channels,
+    )
+    episodes = _read_table(step, "episodes", EPISODES_SCHEMA)
+    stats = step.kept.keep(tf.queue_episode_stats(episodes, window))
+    channels_done.result()
+    provisional = tf.blocked_channels(tf.channel_blocks_from(_provisional(step)))
+    stored = spark.read.schema(_CHANNELS_SCHEMA).parquet(str(step.root / step.channels))
+    summary = tf.queue_summary_of_channels(stats, stored.unionByName(provisional), window)
+    limits = None
+    if queue_limits is not None:
+        limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
+    small_delays = kept_delays.result()
+    capacities = small_delays.where(
+        F.col("capacity").isNotNull() & F.col("destination").isNotNull()
+    ).select("destination", "producer", "capacity")
+    advice = tf.advice_from(stats, None, limits, capacities=capacities)
+    kept_summary = step.pool.submit(step.kept.keep, summary)
+    kept_advice = step.pool.submit(step.kept.keep, advice)
+    step.small = {
+        "send_delays": small_delays,
+        "malformed": kept_malformed.result(),
+        "queue_summary": kept_summary.result(),
+        "advice": kept_advice.result(),
+    }
+    written = {
+        table: step.pool.submit(_add_files, step, df, table, f"r{step.batch:08d}")
+        for table, df in step.small.items()
+    }
+    for table, done in written.items():
+        step.tables[table] = tuple(done.result())
+
+
+def _stored_channels(step: _Step) -> DataFrame:
+    if step.cp.channels is None:
+        return step.spark.createDataFrame([], _CHANNELS_SCHEMA)
+    return step.spark.read.schema(_CHANNELS_SCHEMA).parquet(str(step.root / step.cp.channels))
+
+
+def _previous(step: _Step, table: str, schema: Any) -> DataFrame:
+    files = step.cp.tables.get(table, ())
+    if not files:
+        return step.spark.createDataFrame([], schema)
+    return step.spark.read.schema(schema).parquet(*(str(step.out / table / f) for f in files))
+
+
+def _window(step: _Step) -> tuple[int | None, int | None]:
+    assert step.counts is not None
+    return (
+        _lower(step.cp.window_start_us, step.counts["start_us"]),
+        _higher(step.cp.window_end_us, step.counts["end_us"]),
     )
 
 
-def _utc(micros: int | None) -> dt.datetime | None:
-    return None if micros is None else _EPOCH + dt.timedelta(microseconds=micros)
+def _counters(step: _Step) -> dict[str, int]:
+    """The checkpoint's counters after this step (settled rows, histograms)."""
+    assert step.step_counts is not None
+    counters = dict(step.cp.counters)
+    for key, value in step.step_counts.items():
+        if key.startswith("final_"):
+            name = key.removeprefix("final_")
+            counters[name] = counters.get(name, 0) + int(value)
+    for key, value in (step.delay_counts or {}).items():
+        counters[key] = counters.get(key, 0) + int(value)
+    return counters
 
 
-def _lower(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
+def _histogram(counters: Mapping[str, int], extra: Mapping[str, Any], name: str) -> dict[str, int]:
+    edges = len(tf.DEFAULT_HISTOGRAM_EDGES_S)
+    return {
+        f"{name}_{i}": int(counters.get(f"{name}_{i}", 0)) + int(extra.get(f"prov_{name}_{i}", 0))
+        for i in range(edges)
+    }
 
 
-def _higher(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
-
-
-def _rows(df: DataFrame) -> list[dict[str, Any]]:
-    return [row.asDict() for row in df.collect()]
+def _report(step: _Step, counters: Mapping[str, int], totals: Mapping[str, int], **kw: Any) -> None:
+    """Collect the report's rows (small tables, counters) and replace ``report.html``."""
+    assert step.small is not None
+    assert step.step_counts is not None
+    spark, extra = step.spark, step.step_counts
+    small = {name: step.pool.submit(outputs.rows, df) for name, df in step.small.items()}
+    stores = _read_table(step, "store_episodes", STORE_EPISODES_SCHEMA)
+    store_rows = step.pool.submit(outputs.rows, stores.orderBy("start").limit(50))
+    open_now = None
+    if kw["live"]:
+        provisional = _provisional(step)
+        open_now = step.pool.submit(
+            outputs.rows,
+            outputs.open_now(
+                tf.episodes_from(provisional),
+                tf.channel_blocks_from(provisional),
+                tf.store_episodes_from(provisional),
+            ),
+        )
+    summary_rows = sorted(
+        small["queue_summary"].result(),
+        key=lambda r: (-(r["time_overfull_s"] or 0.0), r["vhost"], r["queue"]),
+    )
+    top = summary_rows[: outputs.TIMELINE_QUEUES]
+    window = _window(step)
+    episodes = _read_table(step, "episodes", EPISODES_SCHEMA)
+    timeline = outputs.timeline_rows(spark, episodes, outputs.window_frame(spark, *window), top)
+    blocks = _histogram(counters, extra, "block")
+    delays = {f"delay_{i}": counters.get(f"delay_{i}", 0) for i in range(len(blocks))}
+    shown = {
+        "events": totals["events"],
+        "malformed lines": totals["malformed lines"],
+        "queues with episodes": sum(1 for r in summary_rows if r["flow_stopped_count"] > 0),
+        "flow episodes": totals["flow episodes"],
+        "open episodes": totals["open episodes"],
+        "channel blocks": counters.get("channel_blocks", 0) + int(extra["prov_channel_blocks"]),
+        "store episodes": counters.get("store_episodes", 0) + int(extra["prov_store_episodes"]),
+    }
+    if kw["ignored"]:
+        shown["other Broker-J lines (not analysed)"] = kw["ignored"]
+    data = ReportData(
+        inputs=[*kw["event_paths"], *kw["client_paths"]],
+        window_start=outputs.utc(window[0]),
+        window_end=outputs.utc(window[1]),
+        totals=shown,
+        summary=summary_rows[:50],
+        timeline=timeline,
+        timeline_buckets=outputs.TIMELINE_BUCKETS,
+        timeline_queues=[{"vhost": r["vhost"], "queue": r["queue"]} for r in top],
+        block_histogram=tf.histogram_rows(blocks, "block"),
+        delay_histogram=tf.histogram_rows(delays, "delay"),
+        advice=sorted(
+            small["advice"].result(),
+            key=lambda r: (r["stop_ok"] is not False, -(r["episodes"] or 0)),
+        )[:100],
+        malformed=sorted(small["malformed"].result(), key=lambda r: -int(r["count"]))[:200],
+        store_episodes=store_rows.result(),
+        send_delays=sorted(
+            small["send_delays"].result(),
+            key=lambda r: (r["longest_delay_ms"] is None, -(r["longest_delay_ms"] or 0)),
+        )[:20],
+        open_now=None if open_now is None else open_now.result(),
+    )
+    write_text_atomically(step.out / "report.html", render_report(data))
 
 
 def run_step(
@@ -428,7 +672,7 @@ def run_step(
     phases: dict[str, float] = {}
     mark = started
 
-    def stage(name: str) -> None:
+    def passed(name: str) -> None:
         nonlocal mark
         now = time.monotonic()
         phases[name] = now - mark
@@ -436,228 +680,122 @@ def run_step(
         if hook is not None:
             hook(name)
 
-    root = out / STATE_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
     cp = load_checkpoint(out)
-    batch = cp.batch + 1
-    manifest = _load_manifest(out, batch)
-    _clean(out, cp, keep_staging=batch if manifest is not None else None)
+    manifest = load_manifest(out, cp.batch + 1)
+    clean(out, cp, keep_staging=cp.batch + 1 if manifest is not None else None)
     if manifest is None:
         patterns = [("events", p) for p in event_paths] + [("client", p) for p in client_paths]
-        manifest = _stage(out, cp, patterns)
+        manifest = stage(out, cp, patterns)
     parts = manifest["parts"]
-    new_bytes = sum(int(p["end"]) - int(p["start"]) for p in parts)
     if not parts and cp.batch >= 0:
         # Nothing new: the tables, state and report stay exactly as they are.
         return _unchanged(out, cp, started)
-    stage("staged")
-
-    # Parse the new event lines once, into the event store.
-    event_parts = [p for p in parts if p["kind"] == "events"]
-    classified = _parse_events(spark, out, batch, event_parts)
-    classified = classified.withColumn("seq", F.col("seq") + F.lit(cp.next_seq))
-    events_dir = out / "events" / f"batch={batch}"
-    _write_dir(classified, events_dir)
-    new_events = spark.read.schema(classified.schema).parquet(str(events_dir))
-    good = F.col("malformed_reason").isNull()
-    good_us = F.when(good, F.unix_micros("ts"))
-    late_test = F.lit(False) if cp.frontier_us is None else good_us <= F.lit(cp.frontier_us)
-    counts = new_events.agg(
-        F.count(F.lit(1)).alias("lines"),
-        F.count(F.when(tf.is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
-        F.count(F.when(F.col("malformed_reason") == tf.IGNORED, 1)).alias("ignored"),
-        F.count(F.when(late_test, 1)).alias("late"),
-        F.min(good_us).alias("start_us"),
-        F.max(good_us).alias("end_us"),
-        F.max("seq").alias("max_seq"),
-    ).first()
-    assert counts is not None
-    window_start_us = _lower(cp.window_start_us, counts["start_us"])
-    window_end_us = _higher(cp.window_end_us, counts["end_us"])
-    frontier_us = cp.frontier_us
-    if window_end_us is not None:
-        frontier_us = _higher(frontier_us, window_end_us - int(lateness_s * 1_000_000))
-    client_parts_new = [p for p in parts if p["kind"] == "client"]
-    client_part = f"client/b{batch:08d}"
-    client_parts = list(cp.client_parts)
-    if client_parts_new:
-        _write_dir(_parse_client(spark, out, batch, client_parts_new), root / client_part)
-        client_parts.append(client_part)
-    stage("parsed")
-
-    # Pair: the stored open starts and the settled events; what is not yet
-    # settled stays pending (with the open starts) for the next step.
-    empty_events = spark.createDataFrame([], new_events.schema)
-    previous = _read_parts(
-        spark,
-        root,
-        [cp.state] if cp.state else [],
-        empty_events.withColumn("_pending", F.lit(True)),
-    )
-    analysed = new_events.where(good | tf.is_malformed(F.col("malformed_reason")))
-    pool = previous.where(F.col("_pending")).drop("_pending").unionByName(analysed)
-    settles = F.col("malformed_reason").isNotNull()
-    if frontier_us is not None:
-        settles = settles | (F.unix_micros("ts") <= F.lit(frontier_us))
-    else:
-        settles = F.lit(True)
-    settle = previous.where(~F.col("_pending")).drop("_pending").unionByName(pool.where(settles))
-    intervals = tf.finish_intervals(tf.pair_candidates(settle), keep_seq=True).persist()
+    passed("staged")
+    kept = outputs.Kept()
+    session = _step_session(spark)
     try:
-        intervals.count()
-        still_open = intervals.where(F.col("open") & F.col("kind").isin(*_INTERVAL_KINDS))
-        starts = settle.join(still_open.select(F.col("start_seq").alias("seq")), "seq", "left_semi")
-        state_part = f"state/v{batch:08d}"
-        _write_dir(
-            starts.withColumn("_pending", F.lit(False)).unionByName(
-                pool.where(~settles).withColumn("_pending", F.lit(True))
-            ),
-            root / state_part,
-        )
-        malformed_part = f"malformed/b{batch:08d}"
-        _write_dir(
-            intervals.where(F.col("kind") == "malformed")
-            .groupBy("source", "reason")
-            .agg(F.count(F.lit(1)).alias("count")),
-            root / malformed_part,
-        )
-        settled = intervals.where(~F.col("open"))
-        tables: dict[str, tuple[str, ...]] = {}
-        for table, (_, select) in _INTERVAL_TABLES.items():
-            kept = [f for f in cp.tables.get(table, ()) if f.startswith("b")]
-            tables[table] = (*kept, *_add_files(select(settled), out, table, f"b{batch:08d}"))
-    finally:
-        intervals.unpersist()
-    state_schema = T.StructType(
-        [*new_events.schema.fields, T.StructField("_pending", T.BooleanType())]
-    )
-    state = spark.read.schema(state_schema).parquet(str(root / state_part))
-    provisional = tf.finish_intervals(tf.pair_candidates(state.drop("_pending"))).persist()
-    try:
-        for table, (_, select) in _INTERVAL_TABLES.items():
-            tables[table] = (
-                *tables[table],
-                *_add_files(select(provisional), out, table, f"p{batch:08d}"),
+        with ThreadPoolExecutor(_JOB_THREADS, thread_name_prefix="step") as pool:
+            step = _Step(session, out, cp, parts, int(lateness_s * 1_000_000), kept, pool)
+            _parse(step)
+            passed("parsed")
+            _pair(step)
+            passed("paired")
+            _aggregates(step, queue_limits)
+            passed("tables")
+            checkpoint = _next_checkpoint(step, manifest)
+            _report(
+                step,
+                checkpoint.counters,
+                _totals(step, checkpoint),
+                event_paths=event_paths,
+                client_paths=client_paths,
+                ignored=checkpoint.ignored,
+                live=live,
             )
+            passed("report")
+            reasons = _reasons(step)
     finally:
-        provisional.unpersist()
-    stage("paired")
-
-    malformed_parts = [*cp.malformed_parts, malformed_part]
-    frames = {
-        table: _read_table(spark, out, table, tables[table], schema)
-        for table, (schema, _) in _INTERVAL_TABLES.items()
-    }
-    window = _window_frame(spark, window_start_us, window_end_us)
-    stats = tf.queue_episode_stats(frames["episodes"], window).persist()
-    try:
-        summary = tf.queue_summary_from(stats, frames["channel_blocks"], window)
-        client_empty = tf.parse_client_lines(spark.createDataFrame([], LINES_SCHEMA))
-        parsed_client = _read_parts(spark, root, client_parts, client_empty)
-        client = tf.client_flow_records(parsed_client)
-        limits = None
-        if queue_limits is not None:
-            limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
-        gateway_counts = _read_parts(
-            spark,
-            root,
-            malformed_parts,
-            spark.createDataFrame([], "source string, reason string, count long"),
-        )
-        client_malformed = tf.malformed_summary(
-            spark.createDataFrame([], "source string, malformed_reason string"), parsed_client
-        )
-        malformed = (
-            gateway_counts.select(F.lit("gateway").alias("log"), "source", "reason", "count")
-            .unionByName(client_malformed)
-            .groupBy("log", "source", "reason")
-            .agg(F.sum("count").alias("count"))
-        )
-        rewritten = {
-            "queue_summary": summary,
-            "advice": tf.advice_from(stats, client, limits),
-            "send_delays": tf.send_delays(client),
-            "malformed": malformed,
-        }
-        for table, df in rewritten.items():
-            tables[table] = tuple(_add_files(df, out, table, f"r{batch:08d}"))
-        stage("tables")
-    finally:
-        stats.unpersist()
-
-    read_back = {t: _read_table(spark, out, t, tables[t], df.schema) for t, df in rewritten.items()}
-    totals_row = (
-        frames["episodes"]
-        .agg(F.count(F.lit(1)).alias("n"), F.count(F.when(F.col("open"), 1)).alias("open"))
-        .first()
-    )
-    assert totals_row is not None
-    lines = cp.lines + int(counts["lines"])
-    malformed_total = cp.malformed + int(counts["malformed"])
-    ignored = cp.ignored + int(counts["ignored"])
-    events_total = lines - malformed_total - ignored
-    reasons = _rows(
-        read_back["malformed"]
-        .where(F.col("log") == "gateway")
-        .groupBy("reason")
-        .agg(F.sum("count").alias("count"))
-        .orderBy(F.desc("count"), "reason")
-    )
-    _report(
-        spark,
-        out,
-        event_paths=event_paths,
-        client_paths=client_paths,
-        frames=frames,
-        tables=read_back,
-        parsed_client=parsed_client,
-        window=(window_start_us, window_end_us),
-        totals={
-            "events": events_total,
-            "malformed lines": malformed_total,
-            "flow episodes": int(totals_row["n"]),
-            "open episodes": int(totals_row["open"]),
-        },
-        ignored=ignored,
-        live=live,
-    )
-    stage("report")
-
-    checkpoint = Checkpoint(
-        batch=batch,
-        files=tuple(Tracked.from_json(f) for f in manifest["files"]),
-        next_seq=max(cp.next_seq, int(counts["max_seq"] or 0) + 1),
-        frontier_us=frontier_us,
-        window_start_us=window_start_us,
-        window_end_us=window_end_us,
-        lines=lines,
-        malformed=malformed_total,
-        ignored=ignored,
-        late=cp.late + int(counts["late"]),
-        state=state_part,
-        malformed_parts=tuple(malformed_parts),
-        client_parts=tuple(client_parts),
-        tables=tables,
-    )
+        kept.release()
     checkpoint = _compact(spark, out, checkpoint)
-    _commit(out, checkpoint)
-    stage("committed")
-    _clean(out, checkpoint, keep_staging=None)
+    commit(out, checkpoint)
+    passed("committed")
+    clean(out, checkpoint, keep_staging=None)
+    totals = _totals(step, checkpoint)
     return StepResult(
         out=out,
-        batch=batch,
+        batch=checkpoint.batch,
         changed=True,
-        new_bytes=new_bytes,
-        events=events_total,
-        malformed=malformed_total,
-        ignored=ignored,
+        new_bytes=sum(int(p["end"]) - int(p["start"]) for p in parts),
+        events=totals["events"],
+        malformed=checkpoint.malformed,
+        ignored=checkpoint.ignored,
         late=checkpoint.late,
-        episodes=int(totals_row["n"]),
-        open_episodes=int(totals_row["open"]),
+        episodes=totals["flow episodes"],
+        open_episodes=totals["open episodes"],
         seconds=time.monotonic() - started,
         phases=phases,
-        malformed_reasons=tuple((r["reason"], int(r["count"])) for r in reasons),
+        malformed_reasons=reasons,
     )
+
+
+def _step_session(spark: SparkSession) -> SparkSession:
+    """The session a step runs its jobs in: ``spark``'s, without adaptive execution.
+
+    A step is a few dozen small queries; adaptive execution runs each of
+    their shuffle stages as a job of its own and plans the rest again after
+    it, which cost more than the step's work (measured: 61 jobs per step).
+    A new session of the same application (classic Spark only; a Spark
+    Connect session is used as it is), so the caller's settings stay as
+    they are.
+    """
+    if _is_connect(spark):
+        return spark
+    session = spark.newSession()
+    session.conf.set("spark.sql.adaptive.enabled", "false")
+    session.conf.set("spark.sql.shuffle.partitions", "4")
+    return session
+
+
+def _next_checkpoint(step: _Step, manifest: Mapping[str, Any]) -> Checkpoint:
+    assert step.counts is not None
+    assert step.tables is not None
+    counts, cp = step.counts, step.cp
+    start_us, end_us = _window(step)
+    return Checkpoint(
+        batch=step.batch,
+        files=tuple(Tracked.from_json(f) for f in manifest["files"]),
+        frontier_us=step.frontier_us,
+        window_start_us=start_us,
+        window_end_us=end_us,
+        lines=cp.lines + int(counts["lines"]),
+        malformed=cp.malformed + int(counts["malformed"]),
+        ignored=cp.ignored + int(counts["ignored"]),
+        late=cp.late + int(counts["late"]),
+        state=step.state,
+        channels=step.channels,
+        tables=dict(step.tables),
+        counters=_counters(step),
+    )
+
+
+def _totals(step: _Step, checkpoint: Checkpoint) -> dict[str, int]:
+    assert step.step_counts is not None
+    return {
+        "events": checkpoint.lines - checkpoint.malformed - checkpoint.ignored,
+        "malformed lines": checkpoint.malformed,
+        "flow episodes": checkpoint.counters.get("episodes", 0)
+        + int(step.step_counts["prov_episodes"]),
+        "open episodes": int(step.step_counts["open_episodes"]),
+    }
+
+
+def _reasons(step: _Step) -> tuple[tuple[str, int], ...]:
+    assert step.small is not None
+    per_reason: dict[str, int] = {}
+    for row in step.small["malformed"].where(F.col("log") == "gateway").collect():
+        per_reason[row["reason"]] = per_reason.get(row["reason"], 0) + int(row["count"])
+    return tuple(sorted(per_reason.items(), key=lambda item: (-item[1], item[0])))
 
 
 def follow(
@@ -690,13 +828,12 @@ def follow(
 
 
 def _unchanged(out: Path, cp: Checkpoint, started: float) -> StepResult:
-    events = cp.lines - cp.malformed - cp.ignored
     return StepResult(
         out=out,
         batch=cp.batch,
         changed=False,
         new_bytes=0,
-        events=events,
+        events=cp.lines - cp.malformed - cp.ignored,
         malformed=cp.malformed,
         ignored=cp.ignored,
         late=cp.late,
@@ -708,139 +845,28 @@ def _unchanged(out: Path, cp: Checkpoint, started: float) -> StepResult:
 
 
 def _compact(spark: SparkSession, out: Path, cp: Checkpoint) -> Checkpoint:
-    """Rewrite settled file sets and part directories grown past a few dozen into one each.
+    """Rewrite a table's settled step files, once past a few dozen, into one.
 
     The compacted copies carry the step's number; the checkpoint that
     names them is committed by the caller and the originals are deleted
     only after that.
     """
-    root = out / STATE_DIR
     tables = dict(cp.tables)
-    for table, (schema, _) in _INTERVAL_TABLES.items():
-        settled = [f for f in tables[table] if f.startswith("b")]
+    for table in INTERVAL_TABLES:
+        # The step files since the last compaction (the compacted ones stay).
+        settled = [f for f in tables[table] if f.startswith("b") and "c-" not in f]
         if len(settled) > _COMPACT_AFTER:
-            df = _read_table(spark, out, table, settled, schema)
-            names = _add_files(df.coalesce(1), out, table, f"b{cp.batch:08d}c")
-            others = [f for f in tables[table] if not f.startswith("b")]
-            tables[table] = (*names, *others)
-    changes: dict[str, Any] = {"tables": tables}
-    for attr, area in (("malformed_parts", "malformed"), ("client_parts", "client")):
-        current: tuple[str, ...] = getattr(cp, attr)
-        if len(current) > _COMPACT_AFTER:
-            df = spark.read.parquet(*(str(root / p) for p in current))
-            name = f"{area}/c{cp.batch:08d}"
-            _write_dir(df.coalesce(1), root / name)
-            changes[attr] = (name,)
-    return replace(cp, **changes)
-
-
-def _report(
-    spark: SparkSession,
-    out: Path,
-    *,
-    event_paths: Sequence[str],
-    client_paths: Sequence[str],
-    frames: Mapping[str, DataFrame],
-    tables: Mapping[str, DataFrame],
-    parsed_client: DataFrame,
-    window: tuple[int | None, int | None],
-    totals: Mapping[str, int],
-    ignored: int,
-    live: bool,
-) -> None:
-    """Collect the report's rows from the tables and replace ``report.html``."""
-    summary = tables["queue_summary"]
-    episodes = frames["episodes"]
-    blocks = frames["channel_blocks"]
-    stores = frames["store_episodes"]
-    window_frame = _window_frame(spark, *window)
-    # The per-queue tables are small: collected whole, ordered here.
-    summary_rows = sorted(
-        _rows(summary), key=lambda r: (-(r["time_overfull_s"] or 0.0), r["vhost"], r["queue"])
-    )
-    top = summary_rows[:_TIMELINE_QUEUES]
-    top_frame = spark.createDataFrame(
-        [(r["vhost"], r["queue"]) for r in top], "vhost string, queue string"
-    )
-    advice_rows = sorted(
-        _rows(tables["advice"]),
-        key=lambda r: (r["stop_ok"] is not False, -(r["episodes"] or 0)),
-    )
-    malformed_rows = sorted(_rows(tables["malformed"]), key=lambda r: -int(r["count"]))
-    delay_rows = sorted(
-        _rows(tables["send_delays"]),
-        key=lambda r: (r["longest_delay_ms"] is None, -(r["longest_delay_ms"] or 0)),
-    )
-    block_stats = blocks.agg(
-        F.count(F.lit(1)).alias("n"), *tf.histogram_metrics(F.col("duration_s"), "block")
-    ).first()
-    delay_stats = parsed_client.agg(*tf.histogram_metrics(tf.delay_seconds(), "delay")).first()
-    store_rows = _rows(stores.orderBy("start").limit(50))
-    store_count = stores.count()
-    timeline = _rows(tf.episode_timeline(episodes, window_frame, top_frame, _TIMELINE_BUCKETS))
-    open_now = None
-    if live:
-        open_now = _rows(
-            episodes.where(F.col("open"))
-            .select(
-                F.lit("queue").alias("kind"),
-                "vhost",
-                "queue",
-                F.lit(None).cast("long").alias("connection"),
-                F.lit(None).cast("long").alias("channel"),
-                "start",
+            df = spark.read.schema(_SCHEMAS[table]).parquet(
+                *(str(out / table / f) for f in settled)
             )
-            .unionByName(
-                blocks.where(F.col("open")).select(
-                    F.lit("channel").alias("kind"),
-                    "vhost",
-                    "queue",
-                    "connection",
-                    "channel",
-                    "start",
-                )
-            )
-            .unionByName(
-                stores.where(F.col("open")).select(
-                    F.lit("store").alias("kind"),
-                    "vhost",
-                    F.lit(None).cast("string").alias("queue"),
-                    F.lit(None).cast("long").alias("connection"),
-                    F.lit(None).cast("long").alias("channel"),
-                    "start",
-                )
-            )
-            .orderBy("start")
-            .limit(200)
-        )
-    assert block_stats is not None
-    assert delay_stats is not None
-    shown = {
-        "events": totals["events"],
-        "malformed lines": totals["malformed lines"],
-        "queues with episodes": sum(1 for r in summary_rows if r["flow_stopped_count"] > 0),
-        "flow episodes": totals["flow episodes"],
-        "open episodes": totals["open episodes"],
-        "channel blocks": int(block_stats["n"]),
-        "store episodes": store_count,
-    }
-    if ignored:
-        shown["other Broker-J lines (not analysed)"] = ignored
-    data = ReportData(
-        inputs=list(event_paths) + list(client_paths),
-        window_start=_utc(window[0]),
-        window_end=_utc(window[1]),
-        totals=shown,
-        summary=summary_rows[:50],
-        timeline=timeline,
-        timeline_buckets=_TIMELINE_BUCKETS,
-        timeline_queues=[{"vhost": r["vhost"], "queue": r["queue"]} for r in top],
-        block_histogram=tf.histogram_rows(block_stats.asDict(), "block"),
-        delay_histogram=tf.histogram_rows(delay_stats.asDict(), "delay"),
-        advice=advice_rows[:100],
-        malformed=malformed_rows[:200],
-        store_episodes=store_rows,
-        send_delays=delay_rows[:20],
-        open_now=open_now,
-    )
-    write_text_atomically(out / "report.html", render_report(data))
+            tmp = out / STATE_DIR / "tmp" / f"{table}-compact"
+            shutil.rmtree(tmp, ignore_errors=True)
+            outputs.write_table(df.coalesce(1), tmp)
+            names = []
+            for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):
+                name = f"b{cp.batch:08d}c-{index:04d}.parquet"
+                os.replace(part, out / table / name)
+                names.append(name)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tables[table] = (*names, *(f for f in tables[table] if f not in settled))
+    return replace(cp, tables=tables)

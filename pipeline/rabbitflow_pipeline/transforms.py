@@ -34,6 +34,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import WindowSpec
 
 from rabbitflow_pipeline.schemas import (
     ALL_QUEUES,
@@ -51,16 +52,19 @@ from rabbitflow_pipeline.schemas import (
 
 __all__ = [
     "DEFAULT_HISTOGRAM_EDGES_S",
+    "DUPLICATE_WINDOW_S",
     "IGNORED",
     "KEY_COLLISIONS_METRIC",
     "KeyHash",
     "advice",
     "advice_from",
+    "blocked_channels",
     "channel_blocks",
     "channel_blocks_from",
     "classify_events",
     "client_flow_records",
     "delay_seconds",
+    "duplicate_transition",
     "duration_histogram",
     "episode_timeline",
     "episodes_from",
@@ -71,14 +75,17 @@ __all__ = [
     "is_malformed",
     "malformed_from",
     "malformed_summary",
+    "merge_send_delays",
     "observed_window",
     "pair_candidates",
     "parse_client_lines",
     "parse_event_lines",
+    "producer_capacities",
     "queue_episode_stats",
     "queue_episodes",
     "queue_summary",
     "queue_summary_from",
+    "queue_summary_of_channels",
     "resolve_runs",
     "send_delays",
     "store_episodes",
@@ -552,6 +559,38 @@ def _key_parts(col: Callable[[str], Column]) -> list[Column]:
 _SINGLE, _RUN_START, _RUN_END = 0, 1, 2
 
 
+#: Seconds within which one queue transition logged by two members of a
+#: gateway cluster counts once (see :func:`pair_candidates`).
+DUPLICATE_WINDOW_S = 2.0
+
+
+def duplicate_transition(window: WindowSpec, within_s: float) -> Column:
+    """True for a QUE-1003/1004 that another member logged first, at most ``within_s`` earlier.
+
+    Over ``window`` (one queue's events in time order), on rows with
+    ``_code``, ``ts`` and ``_gw`` (the member: null on any other event, and
+    where the record has no ``gateway``): the previous event of the same
+    code has a member, another one, and is at most ``within_s`` older.
+    """
+    before = window.rowsBetween(Window.unboundedPreceding, -1)
+    limit_us = F.lit(int(within_s * 1_000_000))
+    member = F.col("_gw")
+    found = F.lit(False)
+    for code in (_QUEUE_OPEN, _QUEUE_CLOSE):
+        number = F.lit(EVENT_CODES.index(code)).cast("tinyint")
+        same_code = F.col("_code") == number
+        previous = F.last(
+            F.when(same_code & member.isNotNull(), F.struct(F.col("ts"), member.alias("gw"))),
+            ignorenulls=True,
+        ).over(before)
+        found = found | (
+            same_code
+            & (previous["gw"] != member)
+            & (F.unix_micros("ts") - F.unix_micros(previous["ts"]) <= limit_us)
+        )
+    return member.isNotNull() & F.coalesce(found, F.lit(False))
+
+
 def flow_intervals(
     parsed: DataFrame,
     *,
@@ -579,6 +618,8 @@ def pair_candidates(
     *,
     collisions: Observation | None = None,
     key_hash: KeyHash = F.xxhash64,
+    duplicate_window_s: float = DUPLICATE_WINDOW_S,
+    context: str | None = None,
 ) -> DataFrame:
     """The one window pass of the pairing: interval candidates of every kind.
 
@@ -604,6 +645,15 @@ def pair_candidates(
     in one partition (short of a simultaneous collision of both hashes,
     about 2^-128 per pair of keys); anything else means the caller must
     pair again without ``collisions`` (``rabbitflow-analyze`` does).
+
+    Members of a gateway cluster log each queue transition once, but two
+    members may both log one (a partition, a failover): a QUE-1003 or
+    QUE-1004 whose ``gateway`` differs from that of the previous event of
+    the same queue and code, at most ``duplicate_window_s`` earlier, is
+    dropped before the pairing (:func:`duplicate_transition`).  Rows whose
+    boolean column ``context`` is true (the incremental job's last
+    transitions of each queue from earlier steps) only serve that test and
+    are dropped with the duplicates.
 
     Returns the columns of :func:`flow_intervals` that the start provides,
     the raw end columns, and private columns (names starting with ``_``)
@@ -646,6 +696,7 @@ def pair_candidates(
     # uses travels in one struct, null on closing events, and what only its
     # end uses in another, null on opening events.  A null struct is one
     # slot of the row, where separate columns would each take one.
+    gateway = F.col("gateway") if "gateway" in parsed.columns else F.lit(None).cast("string")
     typed = keyed.select(
         "ts",
         "seq",
@@ -654,6 +705,8 @@ def pair_candidates(
         "_reason",
         "_k_hash",
         *checks,
+        F.when(F.col("_kind") == F.lit(_QUEUE), gateway).alias("_gw"),
+        (F.col(context) if context is not None else F.lit(False)).alias("_context"),
         F.when(
             opening | malformed | closes_connection,
             F.struct(*(F.col(c) for c in _START_COLUMNS)),
@@ -661,6 +714,13 @@ def pair_candidates(
         F.when(~opening & ~malformed, F.struct(*(F.col(c) for c in _CLOSE_COLUMNS))).alias("_e"),
     )
     window = Window.partitionBy(*partition).orderBy("ts", "seq")
+    # Same partitioning and order as the pairing's window: Spark sorts once.
+    duplicate = duplicate_transition(window, duplicate_window_s)
+    typed = (
+        typed.select("*", duplicate.alias("_duplicate"))
+        .where(~F.col("_duplicate") & ~F.col("_context"))
+        .drop("_duplicate", "_context", "_gw")
+    )
 
     is_open = _is_opening(F.col("_code"))
     neighbours = [
@@ -961,12 +1021,40 @@ def queue_summary(episodes: DataFrame, blocks: DataFrame, window: DataFrame) -> 
 
 def queue_summary_from(stats: DataFrame, blocks: DataFrame, window: DataFrame) -> DataFrame:
     """:func:`queue_summary` from :func:`queue_episode_stats` (computed with ``window``)."""
-    per_channel = (
+    return queue_summary_of_channels(stats, blocked_channels(blocks), window)
+
+
+def blocked_channels(blocks: DataFrame) -> DataFrame:
+    """Channel blocks counted per queue and channel (store/admin blocks left out).
+
+    Columns ``vhost``, ``queue``, ``source``, ``connection``, ``channel``,
+    ``blocks``.  Counts add up: the incremental job adds each step's to
+    the ones it stored.
+    """
+    return (
         blocks.where(F.col("queue") != ALL_QUEUES)
+        .groupBy("vhost", "queue", "source", "connection", "channel")
+        .agg(F.count(F.lit(1)).alias("blocks"))
+    )
+
+
+def queue_summary_of_channels(
+    stats: DataFrame, channels: DataFrame, window: DataFrame
+) -> DataFrame:
+    """:func:`queue_summary_from` with the blocks already counted by :func:`blocked_channels`.
+
+    ``channels`` may list a channel more than once (its counts add up).
+    """
+    identified = (
+        F.col("source").isNotNull() & F.col("connection").isNotNull() & F.col("channel").isNotNull()
+    )
+    per_channel = (
+        channels.groupBy("vhost", "queue", "source", "connection", "channel")
+        .agg(F.sum("blocks").alias("blocks"))
         .groupBy("vhost", "queue")
         .agg(
-            F.count_distinct("source", "connection", "channel").alias("channels_blocked"),
-            F.count(F.lit(1)).alias("channel_blocks"),
+            F.count(F.when(identified, F.lit(1))).alias("channels_blocked"),
+            F.sum("blocks").alias("channel_blocks"),
         )
     )
     per_queue = stats.select(
@@ -1017,6 +1105,19 @@ def send_delays(client: DataFrame) -> DataFrame:
         F.max("capacity").alias("capacity"),
         F.min("timestamp").alias("first_seen"),
         F.max("timestamp").alias("last_seen"),
+    )
+
+
+def merge_send_delays(delays: DataFrame) -> DataFrame:
+    """:func:`send_delays` of the whole client log from its rows for parts of it."""
+    return delays.groupBy("producer", "destination").agg(
+        F.max("longest_delay_ms").alias("longest_delay_ms"),
+        F.sum("delayed_notices").alias("delayed_notices"),
+        F.sum("timeouts").alias("timeouts"),
+        F.sum("flow_enforced").alias("flow_enforced"),
+        F.max("capacity").alias("capacity"),
+        F.min("first_seen").alias("first_seen"),
+        F.max("last_seen").alias("last_seen"),
     )
 
 
@@ -1196,14 +1297,31 @@ def advice(
     return advice_from(queue_episode_stats(episodes), client, limits, target_block_s=target_block_s)
 
 
+def producer_capacities(client: DataFrame) -> DataFrame:
+    """The largest capacity each producer reported per destination (client flow records).
+
+    Columns ``destination``, ``producer``, ``capacity``; what
+    :func:`send_delays` keeps as ``capacity`` too.
+    """
+    return (
+        client.where(F.col("capacity").isNotNull() & F.col("destination").isNotNull())
+        .groupBy("destination", "producer")
+        .agg(F.max("capacity").alias("capacity"))
+    )
+
+
 def advice_from(
     stats: DataFrame,
     client: DataFrame | None,
     limits: DataFrame | None,
     *,
     target_block_s: float = 5.0,
+    capacities: DataFrame | None = None,
 ) -> DataFrame:
     """:func:`advice` from :func:`queue_episode_stats`.
+
+    ``capacities`` (:func:`producer_capacities`' columns) stands in for
+    ``client`` when given.
 
     Raises:
         ValueError: ``target_block_s`` is not positive.
@@ -1222,13 +1340,10 @@ def advice_from(
         F.col("duration_p50_s").alias("blocked_p50_s"),
     )
     per_queue = per_queue.withColumn("destination", F.concat(F.lit("queue://"), F.col("queue")))
-    if client is not None:
-        per_producer = (
-            client.where(F.col("capacity").isNotNull() & F.col("destination").isNotNull())
-            .groupBy("destination", "producer")
-            .agg(F.max("capacity").alias("capacity"))
-        )
-        capacities = per_producer.groupBy("destination").agg(
+    if capacities is None and client is not None:
+        capacities = producer_capacities(client)
+    if capacities is not None:
+        capacities = capacities.groupBy("destination").agg(
             F.count(F.lit(1)).alias("producers"), F.sum("capacity").alias("capacity_sum")
         )
         per_queue = per_queue.join(capacities, "destination", "left")

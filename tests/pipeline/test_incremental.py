@@ -249,3 +249,33 @@ def test_two_members_logging_one_transition_make_one_episode(
     batch = tmp_path / "batch"
     analyze(spark, inputs, batch)
     assert_same_tables(spark, out, batch)
+
+
+def test_a_duplicate_transition_read_steps_later_is_dropped(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # Member a logs a short episode; member b's copy of it is read two steps
+    # later, after a's episode was settled into the stored tables.
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    inputs = [str(live / "*.jsonl")]
+    append(
+        live / "gw-a.jsonl",
+        [member_line(over(0, "orders"), "a"), member_line(under(0.3, "orders"), "a")],
+    )
+    run_step(spark, inputs, out, lateness_s=0)
+    append(live / "gw-a.jsonl", [member_line(over(100, "other"), "a")])
+    run_step(spark, inputs, out, lateness_s=0)
+    append(
+        live / "gw-b.jsonl",
+        [member_line(over(0.5, "orders"), "b"), member_line(under(0.8, "orders"), "b")],
+    )
+    run_step(spark, inputs, out, lateness_s=0)
+    rows = spark.read.parquet(str(out / "episodes")).where("queue = 'orders'").collect()
+    assert [(r["start"], r["end"]) for r in rows] == [
+        (at(0).replace(tzinfo=None), at(0.3).replace(tzinfo=None))
+    ]
+    batch = tmp_path / "batch"
+    analyze(spark, inputs, batch)
+    assert_same_tables(spark, out, batch)

@@ -176,3 +176,68 @@ def test_runs_resolved_apart_give_the_same_intervals(spark: SparkSession) -> Non
     assert sorted_rows(tf.finish_intervals(kept, resolved)) == sorted_rows(
         tf.flow_intervals(mixed_log(spark))
     )
+
+
+def member(event_line: str, gateway: str) -> str:
+    """``event_line`` as a member of a gateway cluster logs it (with its ``gateway`` field)."""
+    return line_with(event_line, gateway=gateway)
+
+
+def line_with(event_line: str, **fields: object) -> str:
+    import json
+
+    return json.dumps({**json.loads(event_line), **fields})
+
+
+def episode_bounds(spark: SparkSession, rows: list[tuple[str, str]]) -> list[tuple[float, float]]:
+    episodes = tf.queue_episodes(tf.parse_event_lines(lines_df(spark, rows))).orderBy("start")
+    zero = at(0).replace(tzinfo=None)
+    return [
+        ((r["start"] - zero).total_seconds(), (r["end"] - zero).total_seconds())
+        for r in episodes.collect()
+    ]
+
+
+def test_a_transition_two_members_logged_is_one(spark: SparkSession) -> None:
+    # A short episode that member b logs 0.5 s after member a: its QUE-1003
+    # copy comes after a's QUE-1004, so the pairing rules alone would open a
+    # second episode from it.
+    rows = [
+        (GW_A, member(line(over(0, "orders")), "a")),
+        (GW_A, member(line(under(0.2, "orders")), "a")),
+        (GW_B, member(line(over(0.5, "orders")), "b")),
+        (GW_B, member(line(under(0.7, "orders")), "b")),
+        # A real new episode, decided by b after the duplicate window.
+        (GW_B, member(line(over(10, "orders")), "b")),
+        (GW_B, member(line(under(12, "orders")), "b")),
+    ]
+    assert episode_bounds(spark, rows) == [(0.0, 0.2), (10.0, 12.0)]
+
+
+def test_only_another_member_within_the_window_makes_a_duplicate(spark: SparkSession) -> None:
+    rows = [
+        # The same member twice (a restart re-announcing): the pairing rules apply.
+        (GW_A, member(line(over(0, "a")), "m1")),
+        (GW_A, member(line(under(0.1, "a")), "m1")),
+        (GW_A, member(line(over(0.2, "a")), "m1")),
+        (GW_A, member(line(under(0.3, "a")), "m1")),
+        # Another member, but later than the window: a transition of its own.
+        (GW_B, member(line(over(5, "b")), "m1")),
+        (GW_B, member(line(under(5.1, "b")), "m1")),
+        (GW_B, member(line(over(5 + tf.DUPLICATE_WINDOW_S + 1, "b")), "m2")),
+        (GW_B, member(line(under(5 + tf.DUPLICATE_WINDOW_S + 2, "b")), "m2")),
+        # No gateway field (one gateway, or Broker-J): never a duplicate.
+        (GW_A, line(over(20, "c"))),
+        (GW_A, line(under(20.1, "c"))),
+        (GW_B, line(over(20.2, "c"))),
+        (GW_B, line(under(20.3, "c"))),
+    ]
+    window = tf.DUPLICATE_WINDOW_S
+    assert episode_bounds(spark, rows) == [
+        (0.0, 0.1),
+        (0.2, 0.3),
+        (5.0, 5.1),
+        (6.0 + window, 7.0 + window),
+        (20.0, 20.1),
+        (20.2, 20.3),
+    ]
