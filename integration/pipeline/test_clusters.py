@@ -1,16 +1,20 @@
 """The same tables on ``local[2]``, on a standalone Spark cluster and through Spark Connect.
 
-Each test starts its own servers from the installed PySpark (free ports,
-small memory, logs and work directories under ``tmp_path``) and stops
-them, so the tests run in parallel with everything else (pytest-xdist).
-The job runs as ``rabbitflow-analyze`` in a process of its own, as an
-operator would run it, once as a batch and once ``--incremental``; both
-must give the tables the local batch job gives.
+The servers (a standalone master with one worker, and a Spark Connect
+server) are started once for the module from the installed PySpark (free
+ports, small memory, logs and work directories in a temporary directory)
+and shared by its tests, then stopped.  Each job runs in a process of its
+own as an operator runs it: the ``rabbitflow-analyze`` entry point with
+its usual arguments, once as a batch and once ``--incremental`` (both in
+one driver, see ``_cluster_job.py``).  The tables are compared with
+pyarrow, so the module needs no Spark session of its own and runs in
+parallel with the Spark tests (its own test group).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -19,21 +23,25 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pyspark
 import pytest
-from pyspark.sql import SparkSession
-from pyspark.testing import assertDataFrameEqual
 
-from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.cli import TABLES
 from rabbitflow_pipeline.generate import generate
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
 ANALYZE = Path(sys.executable).parent / "rabbitflow-analyze"
+ROOT = Path(__file__).resolve().parents[2]
+#: Seconds a server may take to accept connections on a loaded machine.
+READY_S = 240.0
 
 
 def free_port() -> int:
@@ -52,8 +60,14 @@ def spark_env(tmp: Path) -> dict[str, str]:
             "SPARK_LOG_DIR": str(tmp / "logs"),
             "SPARK_LOCAL_DIRS": str(tmp / "local"),
             "SPARK_WORKER_DIR": str(tmp / "work"),
+            # The master, the worker and the Connect server (whose driver runs
+            # in the daemon's JVM: Spark needs at least 450 MiB there).
             "SPARK_DAEMON_MEMORY": "512m",
+            # The jobs' drivers (local mode: the executor too) and executors.
+            "RABBITFLOW_DRIVER_MEMORY": "768m",
+            "SPARK_EXECUTOR_MEMORY": "512m",
             "PYSPARK_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             "TZ": "UTC",
         }
     )
@@ -64,6 +78,7 @@ class Server:
     """A Spark server process in a session of its own; its output goes to a log file."""
 
     def __init__(self, name: str, args: list[str], tmp: Path) -> None:
+        self.name = name
         self.log = tmp / f"{name}.log"
         self._out = self.log.open("wb")
         self.process = subprocess.Popen(
@@ -74,14 +89,14 @@ class Server:
             start_new_session=True,
         )
 
-    def wait_until(self, ready: Callable[[], bool], what: str, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_until(self, ready: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + READY_S
         while not ready():
             if self.process.poll() is not None:
                 raise AssertionError(f"{what}: exited {self.process.returncode}: {self.tail()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not ready in {timeout:.0f}s: {self.tail()}")
-            time.sleep(0.5)
+                raise AssertionError(f"{what}: not ready in {READY_S:.0f}s: {self.tail()}")
+            time.sleep(0.2)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -118,11 +133,8 @@ def alive_workers(port: int) -> int:
         return 0
 
 
-@pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one worker (2 cores, 1 GiB for executors)."""
-    tmp = tmp_path / "standalone"
-    tmp.mkdir()
+def start_standalone(tmp: Path, servers: list[Server]) -> str:
+    """A standalone master and one worker (2 cores, 1 GiB for executors of 512 MiB)."""
     port, ui = free_port(), free_port()
     master = Server(
         "master",
@@ -137,42 +149,35 @@ def standalone(tmp_path: Path) -> Iterator[str]:
         ],
         tmp,
     )
-    servers = [master]
-    try:
-        master.wait_until(lambda: accepts(ui), "standalone master")
-        worker = Server(
-            "worker",
-            [
-                "org.apache.spark.deploy.worker.Worker",
-                f"spark://127.0.0.1:{port}",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(free_port()),
-                "--webui-port",
-                str(free_port()),
-                "--cores",
-                "2",
-                "--memory",
-                "1g",
-                "--work-dir",
-                str(tmp / "work"),
-            ],
-            tmp,
-        )
-        servers.append(worker)
-        worker.wait_until(lambda: alive_workers(ui) >= 1, "standalone worker")
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for server in reversed(servers):
-            server.stop()
+    servers.append(master)
+    master.wait_until(lambda: accepts(port) and accepts(ui), "standalone master")
+    worker = Server(
+        "worker",
+        [
+            "org.apache.spark.deploy.worker.Worker",
+            f"spark://127.0.0.1:{port}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+            "--webui-port",
+            str(free_port()),
+            "--cores",
+            "2",
+            "--memory",
+            "1g",
+            "--work-dir",
+            str(tmp / "work"),
+        ],
+        tmp,
+    )
+    servers.append(worker)
+    worker.wait_until(lambda: alive_workers(ui) >= 1, "standalone worker")
+    return f"spark://127.0.0.1:{port}"
 
 
-@pytest.fixture
-def connect_server(tmp_path: Path) -> Iterator[str]:
-    """A Spark Connect server (its own local[2] Spark, 1 GiB driver)."""
-    tmp = tmp_path / "connect"
-    tmp.mkdir()
+def start_connect(tmp: Path, servers: list[Server]) -> str:
+    """A Spark Connect server (its own local[2] Spark in a 512 MiB JVM)."""
     port = free_port()
     server = Server(
         "connect",
@@ -182,8 +187,6 @@ def connect_server(tmp_path: Path) -> Iterator[str]:
             "org.apache.spark.sql.connect.service.SparkConnectServer",
             "--master",
             "local[2]",
-            "--driver-memory",
-            "1g",
             "--conf",
             f"spark.connect.grpc.binding.port={port}",
             "--conf",
@@ -191,63 +194,97 @@ def connect_server(tmp_path: Path) -> Iterator[str]:
             "--conf",
             "spark.ui.enabled=false",
             "--conf",
-            "spark.sql.shuffle.partitions=4",
+            "spark.sql.shuffle.partitions=2",
             "--conf",
             "spark.sql.session.timeZone=UTC",
             "spark-internal",
         ],
         tmp,
     )
-    try:
-        server.wait_until(lambda: accepts(port), "Spark Connect server")
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    servers.append(server)
+    server.wait_until(lambda: accepts(port), "Spark Connect server")
+    return f"sc://127.0.0.1:{port}"
 
 
-@pytest.fixture
-def logs(tmp_path: Path) -> list[str]:
-    src = tmp_path / "logs"
-    generate(src, events=3000, queues=10, days=0.2, gateways=2, processes=1)
-    return [str(src / "gateway-*.jsonl")]
-
-
-def run_analyze(args: list[str], tmp: Path) -> None:
+def run(args: list[str], tmp: Path) -> None:
     done = subprocess.run(
-        [str(ANALYZE), *args],
+        args,
         env=spark_env(tmp),
+        cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=420,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-def assert_same_tables(spark: SparkSession, actual: Path, expected: Path) -> None:
+class Clusters:
+    """The module's servers and inputs, and the tables the local batch job gives."""
+
+    def __init__(self, tmp: Path, standalone: str, connect: str, logs: list[str]) -> None:
+        self.tmp = tmp
+        self.standalone = standalone
+        self.connect = connect
+        self.logs = logs
+        self.local = tmp / "local-run"
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
+    """Start both servers and the local batch run at once; stop the servers at the end."""
+    tmp = tmp_path_factory.mktemp("spark-clusters")
+    src = tmp / "logs"
+    generate(src, events=1500, queues=6, days=0.1, gateways=2, processes=1, client_fraction=0.5)
+    logs = [str(src / "gateway-*.jsonl"), "--client-log", str(src / "client-*.jsonl")]
+    servers: list[Server] = []
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            local = pool.submit(run, [str(ANALYZE), *logs, "--out", str(tmp / "local-run")], tmp)
+            standalone = pool.submit(start_standalone, tmp, servers)
+            connect = pool.submit(start_connect, tmp, servers)
+            ready = Clusters(tmp, standalone.result(), connect.result(), logs)
+            local.result()
+        yield ready
+    finally:
+        for server in reversed(servers):
+            server.stop()
+
+
+def rows(path: Path) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """A table's column names and its rows, sorted (nulls first)."""
+    table = pq.read_table(path)
+    records = [tuple(r.values()) for r in table.to_pylist()]
+    return table.column_names, sorted(records, key=lambda r: [(v is not None, str(v)) for v in r])
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-8)
+    return bool(a == b)
+
+
+def assert_same_tables(actual: Path, expected: Path) -> None:
     for table in TABLES:
-        assertDataFrameEqual(
-            spark.read.parquet(str(actual / table)), spark.read.parquet(str(expected / table))
-        )
+        columns, got = rows(actual / table)
+        expected_columns, want = rows(expected / table)
+        assert columns == expected_columns, table
+        assert len(got) == len(want), table
+        for a, b in zip(got, want, strict=True):
+            assert all(same(x, y) for x, y in zip(a, b, strict=True)), (table, a, b)
 
 
-def check_cluster(spark: SparkSession, tmp_path: Path, logs: list[str], where: list[str]) -> None:
-    local = tmp_path / "local"
-    analyze(spark, logs, local)
-    batch, incremental = tmp_path / "batch", tmp_path / "incremental"
-    run_analyze([*logs, "--out", str(batch), *where], tmp_path)
-    assert_same_tables(spark, batch, local)
-    run_analyze([*logs, "--out", str(incremental), "--incremental", *where], tmp_path)
-    assert_same_tables(spark, incremental, local)
+def check(clusters: Clusters, where: list[str], name: str) -> None:
+    batch, incremental = clusters.tmp / f"{name}-batch", clusters.tmp / f"{name}-incremental"
+    job = [sys.executable, "-m", "integration.pipeline._cluster_job"]
+    run([*job, *where, str(batch), str(incremental), *clusters.logs], clusters.tmp)
+    assert_same_tables(batch, clusters.local)
+    assert_same_tables(incremental, clusters.local)
 
 
-def test_standalone_cluster_gives_the_local_tables(
-    spark: SparkSession, tmp_path: Path, standalone: str, logs: list[str]
-) -> None:
-    check_cluster(spark, tmp_path, logs, ["--master", standalone])
+def test_standalone_cluster_gives_the_local_tables(clusters: Clusters) -> None:
+    check(clusters, ["--master", clusters.standalone], "standalone")
 
 
-def test_spark_connect_gives_the_local_tables(
-    spark: SparkSession, tmp_path: Path, connect_server: str, logs: list[str]
-) -> None:
-    check_cluster(spark, tmp_path, logs, ["--remote", connect_server])
+def test_spark_connect_gives_the_local_tables(clusters: Clusters) -> None:
+    check(clusters, ["--remote", clusters.connect], "connect")
