@@ -8,9 +8,9 @@ every read of either socket to the connection's
 :class:`~rabbitflow_broker.engine.Actions` the engine returns: one write per
 side, events to the gateway's sink; the relay itself pauses or resumes
 reads, keeps the one timer and closes.  All AMQP decisions are the
-engine's.  After client reads the loop gives the CPU away once, or
-sleeps 100 µs if a client read keeps a deep pipe of messages
-(:mod:`~rabbitflow_broker.cpu_yield`).
+engine's.  After client reads the loop may give the CPU away once or
+sleep a moment, as the service's read-pause policy says
+(:mod:`~rabbitflow_broker.read_pause`; none when the relay is given none).
 
 TCP back-pressure passes through: while one side's transport buffers more
 than its high-water mark, the other side is not read (toward RabbitMQ a
@@ -42,6 +42,7 @@ from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.read_pause import OFF, ReadPause
 from rabbitflow_broker.refresher import Refresher
 from rabbitflow_broker.relay_pump import Pump
 
@@ -78,6 +79,7 @@ class Relay(EngineViews, asyncio.Protocol):
         connector: Connector | None = None,
         upstream_ssl: ssl.SSLContext | None = None,
         upstream_server_hostname: str | None = None,
+        read_pause: ReadPause = OFF,
     ) -> None:
         self.gateway = gateway
         self._on_closed = on_closed
@@ -95,7 +97,7 @@ class Relay(EngineViews, asyncio.Protocol):
             server=_SERVER,
         )
         self.engine = Engine(gateway, number=self.number, settings=settings)
-        self._pump = Pump(self.engine, gateway, self)
+        self._pump = Pump(self.engine, gateway, self, read_pause)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)
         # Each transport refers to its protocol (this relay, or _Upstream) until
