@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
+from rabbitflow_broker.errors import UsageError
+
 __all__ = ["ConfigError", "GatewayConfig", "build_parser", "load_config", "parse_host_port"]
 
 ENV_PREFIX = "RABBITFLOW_BROKER_"
@@ -29,7 +31,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DRAIN_TIMEOUT_SECONDS = "drain_timeout_seconds"
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """An option has a bad value; the message names the option."""
 
 

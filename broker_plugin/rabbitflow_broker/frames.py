@@ -27,6 +27,8 @@ from pamqp import base, commands
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
+from rabbitflow_broker.errors import ProtocolError
+
 __all__ = [
     "COMMAND_INVALID",
     "CONTENT_METHODS",
@@ -85,7 +87,7 @@ _DEFAULT_MAX_FRAME = 1 << 20
 _HEADERS_FLAG = 0x2000
 
 
-class FrameError(Exception):
+class FrameError(ProtocolError):
     """A protocol violation; ``code`` is the AMQP reply code to close with."""
 
     def __init__(self, code: int, text: str) -> None:
