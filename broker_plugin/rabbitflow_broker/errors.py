@@ -8,7 +8,7 @@
     │       ├── RoutingNotFoundError (LookupError)
     │       └── RoutingValueError (ValueError)
     ├── ProtocolError               a peer broke AMQP 0-9-1: close its connection
-    │   ├── FrameError                          frames: carries the reply code
+    │   ├── FrameError                          carries the AMQP reply code
     │   └── TransitionError                     engine_state: an illegal lifecycle move
     ├── StateError (RuntimeError)   a machine was driven out of order: a bug
     │   ├── IllegalTransition                   flow: the threshold machine
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerError",
+    "FrameError",
     "OutsideError",
     "ProtocolError",
     "StateError",
@@ -51,6 +52,16 @@ class StateError(BrokerError, RuntimeError):
 
 class OutsideError(BrokerError):
     """Something outside the gateway failed (a store, a node): retry or report."""
+
+
+class FrameError(ProtocolError):
+    """A protocol violation; ``code`` is the AMQP reply code to close with
+    (importable from :mod:`~rabbitflow_broker.frames` too)."""
+
+    def __init__(self, code: int, text: str) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
 
 
 class TransitionError(ProtocolError):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import errno
 import socket
 import ssl
@@ -96,7 +97,10 @@ class Relay(EngineViews, asyncio.Protocol):
             handshake_timeout=handshake / 1000 if handshake else None,
             server=_SERVER,
         )
-        self.engine = Engine(gateway, number=self.number, settings=settings)
+        # Event timestamps come from the clock the engine is given (no clock
+        # reads inside it): the wall-clock time at which that clock was 0.
+        epoch = gateway.now() - dt.timedelta(seconds=gateway.monotonic())
+        self.engine = Engine(gateway, number=self.number, settings=settings, epoch=epoch)
         self._pump = Pump(self.engine, gateway, self, read_pause)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)

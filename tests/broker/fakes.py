@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import BlockedChannel
+from tests.broker.frame_reader import FrameReader, decode_method
 
 if TYPE_CHECKING:
     from rabbitflow_broker.gateway import Gateway

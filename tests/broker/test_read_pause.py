@@ -122,7 +122,7 @@ def test_a_loop_closed_while_a_yield_was_pending_does_not_stop_the_next_loop() -
 
 @pytest.mark.asyncio
 async def test_the_relay_carries_out_the_policy_it_is_given_after_client_reads() -> None:
-    from rabbitflow_broker.frames import PROTOCOL_HEADER
+    from rabbitflow_broker.amqp import PROTOCOL_HEADER
     from rabbitflow_broker.gateway import Gateway
     from tests.broker.fakes import connected_relay
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_io import VIEW_MIN, Actions, Chunk, Out
-from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.read_pause import ReadPause
 from rabbitflow_broker.relay_pump import Pump
