@@ -43,6 +43,7 @@ __all__ = [
 #: The compiled modules (of the package ``rabbitflow_broker``).
 MODULES: Final = (
     "amqp",
+    "amqp_encode",
     "cluster",
     "cluster_book",
     "confirms",

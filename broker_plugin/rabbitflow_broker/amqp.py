@@ -8,7 +8,8 @@
   an ``int``, bytes that are not UTF-8 stay ``bytes``;
 * :class:`LazyHeaders`: a message's headers table decoded only when routing
   actually reads it (headers exchanges, ``CC``/``BCC``);
-* encoders for the few frames the gateway sends on its own.
+* the encoders of the frames the gateway sends on its own are in
+  :mod:`~rabbitflow_broker.amqp_encode`.
 
 Malformed input raises :class:`~rabbitflow_broker.errors.FrameError` with the
 reply code RabbitMQ closes the connection with.  Each constant of the wire
@@ -30,7 +31,6 @@ __all__ = [
     "content_properties",
     "decode_args",
     "decode_table",
-    "encode_method",
     "method_name",
     "persistent",
     "reply_text",
@@ -582,65 +582,6 @@ def start_ok_user(payload: bytes) -> tuple[str, bool]:
             length = int.from_bytes(after[1:5], "big")
             user = after[5 : 5 + length].decode("utf-8", "replace")
     return user, blocked >= 0
-
-
-# -- encoding ------------------------------------------------------------------
-
-_FRAME = struct.Struct(">BHI")
-
-
-def encode_method(channel: int, method: int, args: bytes = b"") -> bytes:
-    """One method frame: ``args`` are the marshalled arguments."""
-    payload = _U32.pack(method) + args
-    return _FRAME.pack(1, channel, len(payload)) + payload + b"\xce"
-
-
-def _encode_shortstr(value: str) -> bytes:
-    raw = value.encode()[:255]
-    return bytes((len(raw),)) + raw
-
-
-def close_frame(channel: int, code: int, text_: str, failing: int = 0) -> bytes:
-    """Connection.Close (channel 0) or Channel.Close with a reply code and text."""
-    method = CONNECTION_CLOSE if channel == 0 else CHANNEL_CLOSE
-    args = _U16.pack(code) + _encode_shortstr(text_) + _U32.pack(failing)
-    return encode_method(channel, method, args)
-
-
-def flow_frame(channel: int, active: bool) -> bytes:
-    """Channel.Flow."""
-    return encode_method(channel, CHANNEL_FLOW, b"\x01" if active else b"\x00")
-
-
-def confirm_frame(channel: int, tag: int, multiple: bool, ack: bool) -> bytes:
-    """Basic.Ack or Basic.Nack (requeue false)."""
-    if ack:
-        return encode_method(
-            channel, BASIC_ACK, _U64.pack(tag) + (b"\x01" if multiple else b"\x00")
-        )
-    return encode_method(channel, BASIC_NACK, _U64.pack(tag) + (b"\x01" if multiple else b"\x00"))
-
-
-CHANNEL_CLOSE_OK_FRAME: Final = encode_method(0, CHANNEL_CLOSE_OK)
-
-
-def channel_close_ok(channel: int) -> bytes:
-    """Channel.CloseOk."""
-    return encode_method(channel, CHANNEL_CLOSE_OK)
-
-
-def commit_ok(channel: int) -> bytes:
-    """Tx.CommitOk."""
-    return encode_method(channel, TX_COMMIT_OK)
-
-
-CONNECTION_CLOSE_OK_FRAME: Final = encode_method(0, CONNECTION_CLOSE_OK)
-CONNECTION_UNBLOCKED_FRAME: Final = encode_method(0, CONNECTION_UNBLOCKED)
-
-
-def connection_blocked(reason: str) -> bytes:
-    """Connection.Blocked."""
-    return encode_method(0, CONNECTION_BLOCKED, _encode_shortstr(reason))
 
 
 def persistent(payload: bytes) -> bool:

@@ -36,7 +36,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from rabbitflow_broker import amqp
+from rabbitflow_broker import amqp, amqp_encode
 from rabbitflow_broker.amqp import decode_args, text
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.engine_channel import Channel, Connection
@@ -70,7 +70,7 @@ __all__ = [
 #: How long to wait for the client's Close-Ok before closing the socket.
 CLOSE_GRACE_S: Final = 1.0
 
-_CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
+_CLOSE_OK = amqp_encode.CONNECTION_CLOSE_OK_FRAME
 #: Event timestamps of an engine given no epoch: seconds of its clock since 1970.
 _UNIX_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
@@ -166,7 +166,9 @@ class Engine(Connection, Session):
                 self.from_upstream.receive(self, data, self._down, self.up)
             except (FrameError, TransitionError) as exc:
                 text_ = exc.text if isinstance(exc, FrameError) else str(exc)
-                self._down.add(amqp.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {text_}"))
+                self._down.add(
+                    amqp_encode.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {text_}")
+                )
                 self.state.move(Event.DONE)
         return self._finish()
 
@@ -202,9 +204,9 @@ class Engine(Connection, Session):
         state = self.state
         if state.ending:
             return
-        self._down.add(amqp.close_frame(0, code, amqp.reply_text(code, text_)))
+        self._down.add(amqp_encode.close_frame(0, code, amqp.reply_text(code, text_)))
         if state.logged_in:
-            self.up.add(amqp.close_frame(0, 200, "client connection closed by the gateway"))
+            self.up.add(amqp_encode.close_frame(0, 200, "client connection closed by the gateway"))
         state.close(self.now + CLOSE_GRACE_S)
         if not wait:
             state.move(Event.DONE)

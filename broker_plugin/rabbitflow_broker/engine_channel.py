@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from mypy_extensions import trait
 
-from rabbitflow_broker import amqp
+from rabbitflow_broker import amqp, amqp_encode
 from rabbitflow_broker.amqp import SYNTAX_ERROR, ContentInfo, decode_args, shortstr, text, u64
 from rabbitflow_broker.confirms import ConfirmTracker, Route
 from rabbitflow_broker.depth import ChannelDeliveries
@@ -136,7 +136,7 @@ class Channel:
                 self.closed_by_gateway = False
                 self.conn.forget_channel(self.number)
             elif method == amqp.CHANNEL_CLOSE:  # both sides closing at once
-                self.conn.send_client(self.number, amqp.channel_close_ok(self.number))
+                self.conn.send_client(self.number, amqp_encode.channel_close_ok(self.number))
             return False
         handler = _CLIENT.get(method)
         return True if handler is None else handler(self, method, payload)
@@ -283,9 +283,9 @@ class Channel:
         number = self.number
         self.conn.send_client(
             number,
-            amqp.close_frame(number, code, amqp.reply_text(code, reason), method),
+            amqp_encode.close_frame(number, code, amqp.reply_text(code, reason), method),
         )
-        self.conn.send_upstream(amqp.close_frame(number, 200, "closed by gateway"))
+        self.conn.send_upstream(amqp_encode.close_frame(number, 200, "closed by gateway"))
         self.blockers.clear()
         self.closed_by_gateway = True
         self.conn.upstream_closing[number] = []
@@ -411,7 +411,7 @@ class Channel:
         for confirm in confirms:
             self.conn.send_client(
                 self.number,
-                amqp.confirm_frame(self.number, confirm.tag, confirm.multiple, confirm.ack),
+                amqp_encode.confirm_frame(self.number, confirm.tag, confirm.multiple, confirm.ack),
             )
         return False
 
@@ -468,7 +468,7 @@ class Channel:
         ts = conn.stamp()
         self.flowed_at = conn.now
         self.ever_flowed = True
-        conn.send_client(self.number, amqp.flow_frame(self.number, False))
+        conn.send_client(self.number, amqp_encode.flow_frame(self.number, False))
         conn.emit(ChannelFlowEnforced(ts=ts, channel=self.number, queue=blocker, **conn.identity()))
 
     def refresh(self, blocked: Callable[[Route], bool], vhost_blocked: bool) -> None:
@@ -480,11 +480,12 @@ class Channel:
         if self.confirm is not None and self.confirm.held:
             for confirm in self.confirm.release(blocked):
                 conn.send_client(
-                    number, amqp.confirm_frame(number, confirm.tag, confirm.multiple, confirm.ack)
+                    number,
+                    amqp_encode.confirm_frame(number, confirm.tag, confirm.multiple, confirm.ack),
                 )
         while self.held_commits and not blocked(self.held_commits[0]):
             self.held_commits.pop(0)
-            conn.send_client(number, amqp.commit_ok(number))
+            conn.send_client(number, amqp_encode.commit_ok(number))
         if vhost_blocked and self.publisher:
             self._block(ALL_QUEUES)
         if self.blockers:
@@ -493,7 +494,7 @@ class Channel:
                     del self.blockers[blocker]
             if not self.blockers:
                 self.flowed_at = None
-                conn.send_client(number, amqp.flow_frame(number, True))
+                conn.send_client(number, amqp_encode.flow_frame(number, True))
                 conn.emit(ChannelFlowRemoved(ts=conn.stamp(), channel=number, **conn.identity()))
 
     def event_ignored(self) -> ChannelFlowIgnored:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rabbitflow_broker import amqp
+from rabbitflow_broker import amqp_encode
 from rabbitflow_broker.engine_channel import Channel
 from rabbitflow_broker.engine_flow import Allowance, Verdict
 
@@ -58,7 +58,7 @@ class Pause:
         if self.paused:
             return b""
         self.paused = True
-        return amqp.connection_blocked("flow control") if self.blocked_capable else b""
+        return amqp_encode.connection_blocked("flow control") if self.blocked_capable else b""
 
     def resume(self, now: float, channels: Iterable[Channel]) -> bytes | None:
         """End the pause if it may end: None while it holds, else the frame
@@ -67,7 +67,7 @@ class Pause:
         if until is not None and self.allowance.spent and until > now:
             return None
         self.paused = False
-        return amqp.CONNECTION_UNBLOCKED_FRAME if self.blocked_capable else b""
+        return amqp_encode.CONNECTION_UNBLOCKED_FRAME if self.blocked_capable else b""
 
     def renew_if_free(self, channels: Iterable[Channel]) -> None:
         """Every channel unflowed: the allowance starts again."""
