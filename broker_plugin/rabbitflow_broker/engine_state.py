@@ -104,14 +104,19 @@ RELAYING: Final = Mode.RELAYING
 PASSTHROUGH: Final = Mode.PASSTHROUGH
 CLOSING: Final = Mode.CLOSING
 CLOSED: Final = Mode.CLOSED
+_HEADER: Final = ClientState.HEADER
+_TUNED: Final = ClientState.TUNED
+_CONNECTING: Final = UpstreamState.CONNECTING
+_LOGGED_IN: Final = UpstreamState.LOGGED_IN
+_OPEN: Final = UpstreamState.OPEN
 
 
 class Lifecycle:
     """The three machines of one connection, moved only by :meth:`move`."""
 
     def __init__(self) -> None:
-        self.client = ClientState.HEADER
-        self.upstream = UpstreamState.CONNECTING
+        self.client = _HEADER
+        self.upstream = _CONNECTING
         self.mode = RELAYING
         #: When CLOSING gives up waiting for the client's Close-Ok.
         self.closing_at = 0.0
@@ -166,28 +171,28 @@ class Lifecycle:
     @property
     def connecting(self) -> bool:
         """The upstream socket is not open yet."""
-        return self.upstream is UpstreamState.CONNECTING
+        return self.upstream is _CONNECTING
 
     @property
     def logged_in(self) -> bool:
         """RabbitMQ accepted the login (it sent Tune)."""
         upstream = self.upstream
-        return upstream is UpstreamState.LOGGED_IN or upstream is UpstreamState.OPEN
+        return upstream is _LOGGED_IN or upstream is _OPEN
 
     @property
     def open(self) -> bool:
         """Open-Ok went to the client."""
-        return self.upstream is UpstreamState.OPEN
+        return self.upstream is _OPEN
 
     @property
     def scanning(self) -> bool:
         """The client's frames are scanned (its protocol header was good)."""
-        return self.client is not ClientState.HEADER
+        return self.client is not _HEADER
 
     @property
     def tuned(self) -> bool:
         """The client sent Tune-Ok."""
-        return self.client is ClientState.TUNED
+        return self.client is _TUNED
 
     @property
     def ending(self) -> bool:
