@@ -28,10 +28,9 @@ _PIPELINE = "the pipeline's plan-of-steps rework"
 
 #: Modules over MAX_MODULE_LINES lines: path -> the most lines allowed, and why.
 MODULES_ALLOWED: dict[str, tuple[int, str]] = {
-    "client/rabbitflow/_connection.py": (668, _SPLIT_LATER),
-    "client/rabbitflow/_transport.py": (1030, "the pika patch moves to its own module"),
+    "client/rabbitflow/_connection.py": (680, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/config_cli.py": (657, _SPLIT_LATER),
-    "broker_plugin/rabbitflow_broker/gateway.py": (756, "the hub, into parts behind a facade"),
+    "broker_plugin/rabbitflow_broker/gateway.py": (770, "the hub, into parts behind a facade"),
     "broker_plugin/rabbitflow_broker/service.py": (611, _SPLIT_LATER),
     "pipeline/rabbitflow_pipeline/cli.py": (831, _PIPELINE),
     "pipeline/rabbitflow_pipeline/incremental.py": (846, _PIPELINE),
@@ -84,14 +83,13 @@ _NARROW = "JMS objects to talk through narrow context objects"
 
 #: Modules touching privates they do not define: path -> the most accesses allowed, and why.
 PRIVATES_ALLOWED: dict[str, tuple[int, str]] = {
-    "client/rabbitflow/_connection.py": (17, _NARROW),
-    "client/rabbitflow/_consumer.py": (9, _NARROW),
-    "client/rabbitflow/_producer.py": (6, _NARROW),
-    "client/rabbitflow/_session.py": (21, _NARROW),
-    "client/rabbitflow/aio/_connection.py": (11, _NARROW),
-    "client/rabbitflow/aio/_producer.py": (5, _NARROW),
-    "client/rabbitflow/aio/_session.py": (33, _NARROW),
-    "client/rabbitflow/aio/_transport.py": (4, "pika's internals, to one patch module"),
+    "client/rabbitflow/_connection.py": (12, _NARROW),
+    "client/rabbitflow/_message.py": (1, _NARROW),
+    "client/rabbitflow/_producer.py": (2, _NARROW),
+    "client/rabbitflow/_session.py": (7, _NARROW),
+    "client/rabbitflow/aio/_connection.py": (10, _NARROW),
+    "client/rabbitflow/aio/_producer.py": (2, _NARROW),
+    "client/rabbitflow/aio/_session.py": (9, _NARROW),
     "broker_plugin/rabbitflow_broker/admin.py": (7, "the admin API reaching into the service"),
     "broker_plugin/rabbitflow_broker/demo.py": (11, "the demo reaching into its workers"),
     "broker_plugin/rabbitflow_broker/routing.py": (8, "the routing table and its exchanges"),
@@ -100,20 +98,6 @@ PRIVATES_ALLOWED: dict[str, tuple[int, str]] = {
 
 #: Import cycles (even under TYPE_CHECKING), each allowed to lose members, never to grow.
 CYCLES_ALLOWED: list[tuple[frozenset[str], str]] = [
-    (
-        frozenset(
-            {"rabbitflow._connection", "rabbitflow._consumer", "rabbitflow._producer"}
-            | {"rabbitflow._session"}
-        ),
-        "the JMS objects, until they talk through context objects",
-    ),
-    (frozenset({"rabbitflow.aio._connection", "rabbitflow.aio._session"}), _NARROW),
-    (
-        frozenset(
-            {"rabbitflow.aio._consumer", "rabbitflow.aio._context", "rabbitflow.aio._producer"}
-        ),
-        _NARROW,
-    ),
     (
         frozenset(
             "rabbitflow_broker" + suffix
