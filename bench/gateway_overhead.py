@@ -36,6 +36,9 @@ the figures beside ``uptime``.
 checkout (``TREE/broker_plugin`` etc. first on the subprocess's
 ``PYTHONPATH``) instead of this tree's; give it twice to compare two
 versions in one run, e.g. ``--gateway-src new=. --gateway-src old=../old``.
+``--gateway-args LABEL='OPTIONS'`` (repeatable) adds options to that
+gateway's command line, to compare settings of one tree side by side, e.g.
+``--gateway-src p0=. --gateway-args "p0=--read-pause-us 0" --gateway-src p100=.``.
 
 Run: ``.venv/bin/python bench/gateway_overhead.py [--messages N] [--rounds R]``
 (full run: 100,000 messages per workload, 5 rounds; ``--messages 5000
@@ -49,6 +52,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -143,6 +147,13 @@ def _parse_source(text: str) -> GatewaySource:
         label, tree = "", text
     path = Path(tree).expanduser()
     return GatewaySource(label or path.resolve().name, path)
+
+
+def _parse_args(text: str) -> tuple[str, list[str]]:
+    label, sep, options = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"expected LABEL=OPTIONS, got {text!r}")
+    return label, shlex.split(options)
 
 
 def _prefill(url: str, queue: str, body: bytes, messages: int) -> None:
@@ -337,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="[LABEL=]TREE",
         help="run a gateway from this source tree (repeatable; default: this tree)",
     )
+    parser.add_argument(
+        "--gateway-args",
+        action="append",
+        type=_parse_args,
+        default=[],
+        metavar="LABEL=OPTIONS",
+        help="extra command-line options for the gateway of that label (repeatable)",
+    )
     parser.add_argument("--profile", help="run the gateway under cProfile, stats to this file")
     parser.add_argument(
         "--event-loop",
@@ -360,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     labels = [source.label for source in sources]
     if len(set(labels)) != len(labels) or DIRECT in labels:
         parser.error(f"gateway labels must be distinct and not {DIRECT!r}: {labels}")
+    extra = dict(args.gateway_args)
+    if set(extra) - set(labels):
+        parser.error(f"--gateway-args for unknown labels {sorted(set(extra) - set(labels))}")
     if args.profile and len(sources) > 1:
         parser.error("--profile takes one gateway")
     n = args.messages
@@ -381,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile=args.profile,
                     event_loop=args.event_loop,
                     source=source.tree,
+                    extra_args=extra.get(source.label, ()),
                 )
             )
             paths[source.label] = gateway.url
@@ -388,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"gateway {source.label!r}: subprocess pid {gateway.pid} on "
                 f"127.0.0.1:{gateway.port}, code from {gateway.imported_from}"
+                + (f", options {shlex.join(extra[source.label])}" if source.label in extra else "")
             )
         print(
             f"RabbitMQ beam.smp pid {broker}; {n:,} messages per workload, "

@@ -8,10 +8,12 @@
   an ``int``, bytes that are not UTF-8 stay ``bytes``;
 * :class:`LazyHeaders`: a message's headers table decoded only when routing
   actually reads it (headers exchanges, ``CC``/``BCC``);
-* encoders for the few frames the gateway sends on its own.
+* the encoders of the frames the gateway sends on its own are in
+  :mod:`~rabbitflow_broker.amqp_encode`.
 
-Malformed input raises :class:`~rabbitflow_broker.frames.FrameError` with the
-reply code RabbitMQ closes the connection with.
+Malformed input raises :class:`~rabbitflow_broker.errors.FrameError` with the
+reply code RabbitMQ closes the connection with.  Each constant of the wire
+(frame types, reply codes, method ids) is defined here once.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import struct
 from collections.abc import Iterator, Mapping
 from typing import Final
 
-from rabbitflow_broker.frames import FRAME_ERROR, SYNTAX_ERROR, FrameError
+from rabbitflow_broker.errors import FrameError
 
 __all__ = [
     "LazyHeaders",
     "content_properties",
     "decode_args",
     "decode_table",
-    "encode_method",
     "method_name",
     "persistent",
     "reply_text",
+    "shortstr",
     "u16",
     "u32",
     "u64",
@@ -121,12 +123,25 @@ def method_name(method: int) -> str:
     return f"{cls.lower()}.{rest.lower().replace('_', '-')}"
 
 
+# -- frames ----------------------------------------------------------------------
+
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_END: Final = 0xCE
+
 # -- reply codes ---------------------------------------------------------------
 
 CONNECTION_FORCED: Final = 320
 PRECONDITION_FAILED: Final = 406
+FRAME_ERROR: Final = 501
+SYNTAX_ERROR: Final = 502
+COMMAND_INVALID: Final = 503
 CHANNEL_ERROR: Final = 504
 UNEXPECTED_FRAME: Final = 505
+NOT_ALLOWED: Final = 530
 INTERNAL_ERROR: Final = 541
 
 _REPLY_TEXT: Final = {
@@ -205,6 +220,19 @@ def u32(data: bytes, pos: int) -> int:
 def u64(data: bytes, pos: int) -> int:
     """The big-endian unsigned 64-bit integer at ``data[pos]`` (see :func:`u16`)."""
     return u32(data, pos) << 32 | u32(data, pos + 4)
+
+
+def shortstr(data: bytes, pos: int) -> tuple[str, int]:
+    """The short string at ``data[pos]`` and where it ends.
+
+    Raises:
+        FrameError: it runs past the end of ``data``.
+        IndexError: ``pos`` is past the end.
+    """
+    end = pos + 1 + data[pos]
+    if end > len(data):
+        raise FrameError(SYNTAX_ERROR, "short string runs past the frame")
+    return data[pos + 1 : end].decode("utf-8", "replace"), end
 
 
 _SCALARS: Final = {
@@ -554,65 +582,6 @@ def start_ok_user(payload: bytes) -> tuple[str, bool]:
             length = int.from_bytes(after[1:5], "big")
             user = after[5 : 5 + length].decode("utf-8", "replace")
     return user, blocked >= 0
-
-
-# -- encoding ------------------------------------------------------------------
-
-_FRAME = struct.Struct(">BHI")
-
-
-def encode_method(channel: int, method: int, args: bytes = b"") -> bytes:
-    """One method frame: ``args`` are the marshalled arguments."""
-    payload = _U32.pack(method) + args
-    return _FRAME.pack(1, channel, len(payload)) + payload + b"\xce"
-
-
-def _shortstr(value: str) -> bytes:
-    raw = value.encode()[:255]
-    return bytes((len(raw),)) + raw
-
-
-def close_frame(channel: int, code: int, text_: str, failing: int = 0) -> bytes:
-    """Connection.Close (channel 0) or Channel.Close with a reply code and text."""
-    method = CONNECTION_CLOSE if channel == 0 else CHANNEL_CLOSE
-    args = _U16.pack(code) + _shortstr(text_) + _U32.pack(failing)
-    return encode_method(channel, method, args)
-
-
-def flow_frame(channel: int, active: bool) -> bytes:
-    """Channel.Flow."""
-    return encode_method(channel, CHANNEL_FLOW, b"\x01" if active else b"\x00")
-
-
-def confirm_frame(channel: int, tag: int, multiple: bool, ack: bool) -> bytes:
-    """Basic.Ack or Basic.Nack (requeue false)."""
-    if ack:
-        return encode_method(
-            channel, BASIC_ACK, _U64.pack(tag) + (b"\x01" if multiple else b"\x00")
-        )
-    return encode_method(channel, BASIC_NACK, _U64.pack(tag) + (b"\x01" if multiple else b"\x00"))
-
-
-CHANNEL_CLOSE_OK_FRAME: Final = encode_method(0, CHANNEL_CLOSE_OK)
-
-
-def channel_close_ok(channel: int) -> bytes:
-    """Channel.CloseOk."""
-    return encode_method(channel, CHANNEL_CLOSE_OK)
-
-
-def commit_ok(channel: int) -> bytes:
-    """Tx.CommitOk."""
-    return encode_method(channel, TX_COMMIT_OK)
-
-
-CONNECTION_CLOSE_OK_FRAME: Final = encode_method(0, CONNECTION_CLOSE_OK)
-CONNECTION_UNBLOCKED_FRAME: Final = encode_method(0, CONNECTION_UNBLOCKED)
-
-
-def connection_blocked(reason: str) -> bytes:
-    """Connection.Blocked."""
-    return encode_method(0, CONNECTION_BLOCKED, _shortstr(reason))
 
 
 def persistent(payload: bytes) -> bool:

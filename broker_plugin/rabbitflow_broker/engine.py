@@ -8,6 +8,14 @@ close.  Like h11, the engine imports no asyncio and no socket, reads no
 clock and never calls into another connection; the shared gateway state is
 reached only through :class:`Hub`.
 
+Its parts, each owning its state: the connection's lifecycle
+(:class:`~rabbitflow_broker.engine_state.Lifecycle`: an enum per machine and
+a table of moves), the flow-control pause
+(:class:`~rabbitflow_broker.engine_pause.Pause`), each direction's scanner
+(:class:`~rabbitflow_broker.engine_client.FromClient`,
+:class:`~rabbitflow_broker.engine_upstream.FromUpstream`) and the channels
+(:class:`~rabbitflow_broker.engine_channel.Channel`).
+
 Hot path: each direction keeps one byte buffer with a read position;
 frames are scanned in place, a publish (method, header, body) and a
 delivery are handled as one unit, and the original bytes go out as runs of
@@ -24,27 +32,28 @@ receives.  The gateway's own limits close the connection itself
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from rabbitflow_broker import amqp, engine_frames, engine_pause
-from rabbitflow_broker.amqp import (
-    content_properties,
-    u16,
-    u32,
-    u64,
-)
+from rabbitflow_broker import amqp, amqp_encode
+from rabbitflow_broker.amqp import decode_args, text
 from rabbitflow_broker.confirms import Route
 from rabbitflow_broker.engine_channel import Channel, Connection
-from rabbitflow_broker.engine_flow import (
-    PAUSE_BYTES,
-    PAUSE_MESSAGES,
-    Allowance,
+from rabbitflow_broker.engine_client import (
+    PRE_LOGIN_BUFFER,
+    PRE_LOGIN_FRAME_MAX,
+    FromClient,
+    Session,
 )
-from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Inbound, Out, content_unit
+from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES, REPEAT_OFFENCE_S, Verdict
+from rabbitflow_broker.engine_io import Actions, EngineSettings, Hub, Out
+from rabbitflow_broker.engine_pause import Pause
+from rabbitflow_broker.engine_state import CLOSED, CLOSING, PASSTHROUGH, Event, Lifecycle
 from rabbitflow_broker.engine_upstream import FromUpstream
-from rabbitflow_broker.events import ConnectionClosed, Event
-from rabbitflow_broker.frames import FRAME_ERROR, PROTOCOL_HEADER, FrameError
+from rabbitflow_broker.errors import FrameError, TransitionError
+from rabbitflow_broker.events import ConnectionClosed
+from rabbitflow_broker.events import Event as LogEvent
 
 __all__ = [
     "PAUSE_BYTES",
@@ -55,24 +64,18 @@ __all__ = [
     "Engine",
     "EngineSettings",
     "Hub",
+    "Lifecycle",
 ]
 
-#: Frames larger than AMQP's frame-min-size are refused before Tune-Ok.
-PRE_LOGIN_FRAME_MAX: Final = 4096
-#: Bytes a connection may have buffered before RabbitMQ accepted its login.
-PRE_LOGIN_BUFFER: Final = 64 * 1024
 #: How long to wait for the client's Close-Ok before closing the socket.
 CLOSE_GRACE_S: Final = 1.0
 
-_METHOD: Final = 1
-_CLOSE_OK = amqp.CONNECTION_CLOSE_OK_FRAME
-# What a scan of the pending buffer left (Engine._scan_pending).
-_USED: Final = 0
-_WAIT: Final = 1
-_STOP: Final = 2
+_CLOSE_OK = amqp_encode.CONNECTION_CLOSE_OK_FRAME
+#: Event timestamps of an engine given no epoch: seconds of its clock since 1970.
+_UNIX_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-class Engine(Connection):
+class Engine(Connection, Session):
     """The state machine of one relayed connection."""
 
     def __init__(
@@ -83,8 +86,11 @@ class Engine(Connection):
         remote_host: str = "?",
         remote_port: int = 0,
         settings: EngineSettings | None = None,
+        epoch: dt.datetime = _UNIX_EPOCH,
     ) -> None:
         self.hub = hub
+        #: The wall-clock time at which the engine's clock (``now``) was 0.
+        self.epoch = epoch
         self.number = number
         self.remote_host = remote_host
         self.remote_port = remote_port
@@ -97,32 +103,24 @@ class Engine(Connection):
         # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
         # frames of a client that reopens the number meanwhile wait here.
         self.upstream_closing: dict[int, list[bytes]] = {}
-        self._client = Inbound(PRE_LOGIN_FRAME_MAX)
-        self._from_upstream = FromUpstream()
-        self._upstream = self._from_upstream.inbound
-        self._header_seen = False
-        self._upstream_ready = False
-        self._logged_in = False  # RabbitMQ sent Tune: it accepted the login
-        self._tuned = False  # the client sent Tune-Ok
-        self._open = False  # Open-Ok went to the client
-        self._passthrough = False  # client bytes RabbitMQ is about to refuse
-        self._closing_at: float | None = None
-        self._closed = False
-        self._stop_after: int | None = None  # channel whose message ends the parse
-        self._halted = False  # the last scan stopped at a channel's message end
-        self._flow_paused = False
-        self._blocked_capable = False
+        self.from_client = FromClient()
+        self.from_upstream = FromUpstream()
+        self.state = Lifecycle()
+        self.pause = Pause(self.settings.flow_enforcement_timeout)
         self._started: float | None = None
-        self.allowance = Allowance(self.settings.flow_enforcement_timeout)
         #: Whether a route is blocked, as of the last refresh (a hint: blocking
         #: itself is decided by the hub; refresh() renews it on every change).
         self.route_blocked: Callable[[Route], bool] = hub.route_blocker(self.vhost)
         self._acts = Actions()
-        self._up = Out(self._acts.to_upstream)
+        self.up = Out(self._acts.to_upstream)
         self._down = Out(self._acts.to_client)
         self.now = 0.0
 
     # -- driver interface ----------------------------------------------------
+
+    def parse_client(self, data: bytes) -> None:
+        """Scan the client's bytes (after what waited for more)."""
+        self.from_client.parse(self, data)
 
     def start(self, now: float) -> Actions:
         """The client connected: start the handshake clock."""
@@ -133,7 +131,7 @@ class Engine(Connection):
     def upstream_connected(self, now: float) -> Actions:
         """The upstream socket is open: relay what the client sent meanwhile."""
         self._begin(now)
-        self._upstream_ready = True
+        self.state.move(Event.UPSTREAM_CONNECTED)
         self.parse_client(b"")
         return self._finish()
 
@@ -146,59 +144,72 @@ class Engine(Connection):
     def receive_client(self, data: bytes, now: float) -> Actions:
         """Bytes from the client socket."""
         self._begin(now)
-        if self._closing_at is not None:
+        mode = self.state.mode
+        if mode is CLOSING:
             if _CLOSE_OK in data:  # the client answered the gateway's Connection.Close
-                self._closed = True
-        elif self._passthrough:
-            pending = self._client.pending
+                self.state.move(Event.DONE)
+        elif mode is PASSTHROUGH:
+            pending = self.from_client.inbound.pending
             if pending:  # what waited for more goes first: RabbitMQ judges it all
-                self._up.add(bytes(pending))
+                self.up.add(bytes(pending))
                 pending.clear()
-            self._up.add(data)
-        elif not self._closed:
+            self.up.add(data)
+        elif mode is not CLOSED:
             self.parse_client(data)
         return self._finish()
 
     def receive_upstream(self, data: bytes, now: float) -> Actions:
         """Bytes from the upstream socket."""
         self._begin(now)
-        if not self._closed:
+        if self.state.mode is not CLOSED:
             try:
-                self._from_upstream.receive(self, data, self._down, self._up)
-            except FrameError as exc:
-                self._down.add(amqp.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {exc.text}"))
-                self._closed = True
+                self.from_upstream.receive(self, data, self._down, self.up)
+            except (FrameError, TransitionError) as exc:
+                text_ = exc.text if isinstance(exc, FrameError) else str(exc)
+                self._down.add(
+                    amqp_encode.close_frame(0, amqp.INTERNAL_ERROR, f"upstream: {text_}")
+                )
+                self.state.move(Event.DONE)
         return self._finish()
 
     def tick(self, now: float) -> Actions:
         """The timer the last :class:`Actions` asked for (or any later time)."""
         self._begin(now)
-        if self._closing_at is not None and now >= self._closing_at:
-            self._closed = True
-        elif not self._open and self._started is not None and self._handshake_expired(now):
+        state = self.state
+        if state.mode is CLOSING:
+            if now >= state.closing_at:
+                state.move(Event.DONE)
+        elif not state.open and self._handshake_expired(now):
             self.close_connection(amqp.CONNECTION_FORCED, "handshake timeout")
         else:
-            engine_pause.resume_if_allowed(self)
+            self._resume_if_allowed()
         return self._finish()
 
     def refresh(self, now: float) -> Actions:
         """The gateway's blocking state changed: release held confirms, unflow channels."""
         self._begin(now)
-        if not self._closed and self._closing_at is None:
-            engine_pause.refresh_channels(self)
-            engine_pause.resume_if_allowed(self)
+        if not self.state.ending:
+            hub = self.hub
+            blocked = self.route_blocked = hub.route_blocker(self.vhost)
+            vhost_blocked = hub.vhost_blocked(self.vhost)
+            for channel in list(self.channels.values()):
+                channel.refresh(blocked, vhost_blocked)
+            self.pause.renew_if_free(self.channels.values())
+            self._resume_if_allowed()
         return self._finish()
 
     def close_connection(self, code: int, text_: str, *, wait: bool = True) -> None:
         """Send the client Connection.Close; close the sockets once it answers
         (or after :data:`CLOSE_GRACE_S`), or at once without ``wait``."""
-        if self._closing_at is not None or self._closed:
+        state = self.state
+        if state.ending:
             return
-        self._down.add(amqp.close_frame(0, code, amqp.reply_text(code, text_)))
-        if self._upstream_ready and self._logged_in:
-            self._up.add(amqp.close_frame(0, 200, "client connection closed by the gateway"))
-        self._closing_at = self.now + CLOSE_GRACE_S
-        self._closed = not wait
+        self._down.add(amqp_encode.close_frame(0, code, amqp.reply_text(code, text_)))
+        if state.logged_in:
+            self.up.add(amqp_encode.close_frame(0, 200, "client connection closed by the gateway"))
+        state.close(self.now + CLOSE_GRACE_S)
+        if not wait:
+            state.move(Event.DONE)
 
     def shutdown(self, now: float, text_: str) -> Actions:
         """Close the client with 320 and ``text_`` (the driver drained first)."""
@@ -209,12 +220,13 @@ class Engine(Connection):
     def client_gone(self, now: float) -> Actions:
         """The client socket closed: log the connection's end."""
         self._begin(now)
-        if not self._closed:
-            self._closed = True
+        state = self.state
+        if state.mode is not CLOSED:
+            state.move(Event.DONE)
             for channel in list(self.channels.values()):
                 self.forget_channel(channel.number)
-            if self._open:
-                self._acts.events.append(ConnectionClosed(ts=self.hub.now(), **self.identity()))
+            if state.open:
+                self._acts.events.append(ConnectionClosed(ts=self.stamp(), **self.identity()))
         return self._finish()
 
     def release(self) -> None:
@@ -243,55 +255,64 @@ class Engine(Connection):
     def _begin(self, now: float) -> None:
         self.now = now
         acts = self._acts = Actions()
-        self._up.collect(acts.to_upstream)
+        self.up.collect(acts.to_upstream)
         self._down.collect(acts.to_client)
 
     def _finish(self) -> Actions:
-        self._up.flush()
+        self.up.flush()
         self._down.flush()
         acts = self._acts
-        acts.close = self._closed
-        acts.read_client = self._reading()
-        acts.timer = self._next_timer()
+        mode = self.state.mode
+        acts.close = mode is CLOSED
+        acts.read_client = self._reading(mode)
+        acts.timer = self._next_timer(mode)
         return acts
 
-    def _reading(self) -> bool:
-        if self._closed or self._closing_at is not None:
+    def _reading(self, mode: object) -> bool:
+        if mode is CLOSED or mode is CLOSING:
             return False
-        if not self._upstream_ready:
-            return len(self._client.pending) < PRE_LOGIN_BUFFER
-        return not self._flow_paused
+        if self.state.connecting:
+            return len(self.from_client.inbound.pending) < PRE_LOGIN_BUFFER
+        return not self.pause.paused
 
     def _handshake_expired(self, now: float) -> bool:
         timeout = self.settings.handshake_timeout
         return timeout is not None and self._started is not None and now >= self._started + timeout
 
-    def _next_timer(self) -> float | None:
-        if self._closed or (self._open and not self._flow_paused and self._closing_at is None):
+    def _next_timer(self, mode: object) -> float | None:
+        if mode is CLOSED:
             return None
-        if self._closing_at is not None:
-            return self._closing_at
+        if mode is CLOSING:
+            return self.state.closing_at
+        paused = self.pause.paused
+        opened = self.state.open
+        if opened and not paused:
+            return None
         deadlines = []
         timeout = self.settings.handshake_timeout
-        if not self._open and timeout is not None and self._started is not None:
+        if not opened and timeout is not None and self._started is not None:
             deadlines.append(self._started + timeout)
-        if self._flow_paused:
-            until = engine_pause.pause_until(self)
+        if paused:
+            until = self.pause.until(self.channels.values())
             if until is not None and until != float("inf"):
                 deadlines.append(until)
         return min(deadlines) if deadlines else None
 
     def send_client(self, channel: int, frame: bytes) -> None:
         """A frame of the gateway's own for the client (see :meth:`FromUpstream.send_client`)."""
-        self._from_upstream.send_client(channel, frame, self._down)
+        self.from_upstream.send_client(channel, frame, self._down)
 
     def send_upstream(self, frame: bytes) -> None:
         """A frame of the gateway's own for RabbitMQ, after what was read so far."""
-        self._up.add(frame)
+        self.up.add(frame)
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: LogEvent) -> None:
         """An event for the driver to log."""
         self._acts.events.append(event)
+
+    def stamp(self) -> dt.datetime:
+        """Wall-clock time of :attr:`now`, for event timestamps."""
+        return self.epoch + dt.timedelta(seconds=self.now)
 
     def identity(self) -> dict[str, Any]:
         """Fields every connection and channel event carries."""
@@ -305,227 +326,7 @@ class Engine(Connection):
 
     # -- client -> upstream ------------------------------------------------------
 
-    def parse_client(self, data: bytes) -> None:
-        inbound = self._client
-        pending = inbound.pending
-        pos = 0
-        from_pending = False  # ``buf`` is a copy of what ``pending`` holds
-        buf = data
-        if pending:
-            # Complete what is pending (a frame, or a message that waits whole)
-            # from the head of ``data``, then scan the rest of ``data`` in
-            # place instead of copying it all.
-            state = _WAIT
-            while state == _WAIT and self._completes_pending(len(data) - pos):
-                take = pos + inbound.need - len(pending)
-                pending += memoryview(data)[pos:take]
-                pos = take
-                state = self._scan_pending(data, pos)
-            if state == _STOP:
-                return
-            if state == _WAIT:
-                pending += memoryview(data)[pos:]
-                pos = 0
-                if len(pending) < inbound.need or not self._upstream_ready:
-                    self._check_pre_login()
-                    return
-                # Scanned as bytes (one copy, once enough has arrived): the
-                # hot path reads only ``bytes``, and what it forwards then
-                # refers to an immutable buffer.
-                buf = bytes(pending)
-                from_pending = True
-        elif not self._upstream_ready:
-            pending += data
-            self._check_pre_login()
-            return
-        if not self._header_seen:
-            pos = self._protocol_header(buf, from_pending)
-            if pos < 0:
-                return
-        try:
-            pos = self._scan_client(buf, pos)
-        except FrameError as exc:
-            self._protocol_error(exc)
-            return
-        self._keep_rest(None if from_pending else buf, pos)
-
-    def _completes_pending(self, rest: int) -> bool:
-        """Whether ``rest`` more bytes complete what ``pending`` waits for, with
-        some left over (after login: before it, everything waits in ``pending``)."""
-        need, have = self._client.need, len(self._client.pending)
-        return need > 7 and self._upstream_ready and self._header_seen and have < need < have + rest
-
-    def _scan_pending(self, data: bytes, taken: int) -> int:
-        """Scan ``pending``, which the first ``taken`` bytes of ``data``
-        completed: :data:`_USED` when it was used up and the scan may go on
-        in ``data`` from ``taken``; :data:`_WAIT` when its frame was whole but
-        its message is not (``pending`` then holds the message's start and
-        ``need`` says how much it needs); :data:`_STOP` when the rest of
-        ``data`` was dealt with as if appended to ``pending`` before the scan."""
-        pending = self._client.pending
-        self._halted = False
-        try:
-            pos = self._scan_client(bytes(pending), 0)
-        except FrameError as exc:
-            self._protocol_error(exc)
-            return _STOP
-        free = (
-            not self._halted
-            and not self._passthrough
-            and self._closing_at is None
-            and not self._closed
-        )
-        if free:
-            del pending[:pos]
-            return _WAIT if pending else _USED
-        whole = pos == len(pending) and self._closing_at is not None  # the rest goes nowhere
-        pending += memoryview(data)[taken:]
-        self._keep_rest(None, len(pending) if whole else pos)
-        return _STOP
-
-    def _keep_rest(self, buf: bytes | None, pos: int) -> None:
-        """After a scan that stopped at ``pos``: keep what was not scanned for
-        the next read (or pass it on, when RabbitMQ is to judge it).  ``buf``
-        is what was scanned; None when it was ``pending`` itself."""
-        pending = self._client.pending
-        if buf is None:
-            if self._passthrough:
-                self._up.add(bytes(pending[pos:]))
-                pos = len(pending)
-            del pending[:pos]
-        elif self._passthrough:
-            self._up.add(buf[pos:])
-        else:
-            pending += memoryview(buf)[pos:]
-        self._check_pre_login()
-
-    def _check_pre_login(self) -> None:
-        if not self._logged_in and len(self._client.pending) > PRE_LOGIN_BUFFER:
-            self._client.pending.clear()
-            self.close_connection(FRAME_ERROR, f"more than {PRE_LOGIN_BUFFER} bytes before login")
-
-    def _protocol_header(self, buf: bytes, from_pending: bool) -> int:
-        have = min(len(buf), 8)
-        if bytes(buf[:have]) != PROTOCOL_HEADER[:have]:
-            # RabbitMQ answers a bad header with its own and closes.
-            self._down.add(PROTOCOL_HEADER)
-            self._client.pending.clear()
-            self._closed = True
-            return -1
-        if have < 8:
-            if not from_pending:
-                self._client.pending += buf
-            self._client.need = 8
-            return -1
-        self._header_seen = True
-        self._up.keep(buf, 0, 8)
-        return 8
-
-    def _scan_client(self, buf: bytes, pos: int) -> int:
-        """Handle the complete frames of ``buf`` from ``pos``; returns where it stopped."""
-        inbound = self._client
-        size_all = len(buf)
-        channels = self.channels
-        up = self._up
-        while size_all - pos >= 7:
-            kind = buf[pos]
-            number = u16(buf, pos + 1)
-            size = u32(buf, pos + 3)
-            end = pos + size + 8
-            if size > inbound.max_frame:
-                if not self._tuned:
-                    raise FrameError(FRAME_ERROR, f"frame of {size} bytes before tune-ok")
-                self._refuse(FRAME_ERROR, f"frame of {size} bytes exceeds frame-max")
-                return pos
-            if end > size_all:
-                inbound.need = end - pos
-                return pos
-            if buf[end - 1] != 0xCE:
-                self._refuse(FRAME_ERROR, "frame does not end with 0xCE")
-                return pos
-            channel = channels.get(number) if number else None
-            if kind == _METHOD and size >= 4:
-                method = u32(buf, pos + 7)
-                if (
-                    size == 13  # a single Basic.Ack, the consumer's commonest frame
-                    and method == amqp.BASIC_ACK
-                    and channel is not None
-                    and not channel.closed_by_gateway
-                    and self._stop_after is None
-                    and number not in self.upstream_closing
-                    and not self._mid_content(inbound, number)
-                ):
-                    channel.acked(u64(buf, pos + 11), bool(buf[pos + 19] & 1))
-                    up.keep(buf, pos, end)
-                    pos = end
-                    continue
-                if (
-                    method == amqp.BASIC_PUBLISH
-                    and channel is not None
-                    and not channel.blockers
-                    and not channel.closed_by_gateway
-                    and number not in self.upstream_closing
-                ):
-                    unit_end = self._publish_unit(channel, buf, pos, end)
-                    if unit_end > 0:
-                        up.keep(buf, pos, unit_end)
-                        pos = unit_end
-                        if self._stop_after is not None:
-                            self._halted = True
-                            break
-                        continue
-                    if unit_end < 0:
-                        # The read ends inside the body: wait for the whole
-                        # message and take it as one unit then, instead of
-                        # frame by frame now (the method and header could not
-                        # be acted on by RabbitMQ before the body either).
-                        inbound.need = -unit_end - pos
-                        return pos
-            keep = engine_frames.client_frame(
-                self, buf, pos, end, kind=kind, number=number, channel=channel
-            )
-            if self._passthrough:
-                return pos
-            if self._closing_at is not None:  # closed meanwhile: the rest goes nowhere
-                return size_all
-            if keep:
-                stash = self.upstream_closing.get(number) if number else None
-                if stash is None:
-                    up.keep(buf, pos, end)
-                else:
-                    stash.append(bytes(buf[pos:end]))
-            pos = end
-            if self._stop_after is not None and not self._mid_content(inbound, self._stop_after):
-                self._halted = True
-                break
-        self._stop_after = None
-        inbound.need = 7
-        return pos
-
-    def _publish_unit(self, channel: Channel, buf: bytes, pos: int, end: int) -> int:
-        """A whole publish (method, header, one body frame) in ``buf``: account
-        for it at once and return where it ends; 0 for the frame-by-frame
-        path; minus where it will end when ``buf`` stops inside its body."""
-        number = channel.number
-        if self._mid_content(self._client, number):
-            return 0
-        header_end, unit_end = content_unit(buf, end, number, self._client.max_frame)
-        if header_end <= 0:
-            return -unit_end
-        try:
-            channel.start_publish(buf, pos + 7)
-            info = content_properties(buf, end + 7, header_end - 1)
-        except FrameError:
-            channel.publish = None
-            return 0
-        channel.published(info)
-        return unit_end
-
-    @staticmethod
-    def _mid_content(inbound: Inbound, number: int) -> bool:
-        return number in inbound.expect_header or number in inbound.remaining
-
-    def _refuse(self, code: int, reason: str) -> bool:
+    def refuse(self, code: int, reason: str) -> bool:
         """A frame the gateway cannot follow.  Once the connection is open,
         RabbitMQ judges it: it and everything after go upstream unread, and
         RabbitMQ closes with its own code.  Before that, RabbitMQ would drop
@@ -534,38 +335,103 @@ class Engine(Connection):
         Raises:
             FrameError: before the connection is open.
         """
-        if not self._open:
+        if not self.state.open:
             raise FrameError(code, reason)
-        self._passthrough = True
+        self.state.move(Event.PASS)
         return False
 
     def upstream_connection_method(self, method: int) -> None:
         """A channel-0 method from RabbitMQ on its way to the client."""
         if method == amqp.CONNECTION_TUNE:
-            self._logged_in = True
+            self.state.move(Event.UPSTREAM_TUNE)
         elif method == amqp.CONNECTION_OPEN_OK:
-            self._open = True
+            self.state.move(Event.UPSTREAM_OPEN_OK)
         elif method == amqp.CONNECTION_CLOSE:
-            self._passthrough = True  # the client's Close-Ok goes to RabbitMQ
+            self.state.move(Event.PASS)  # the client's Close-Ok goes to RabbitMQ
 
-    def _protocol_error(self, exc: FrameError) -> None:
-        self._client.pending.clear()
-        self.close_connection(exc.code, exc.text, wait=False)
+    def connection_method(self, method: int, payload: bytes) -> bool:
+        """A channel 0 method from the client; True to forward it.
+
+        Raises:
+            FrameError: malformed, out of order, or not a connection method.
+        """
+        if method == amqp.CONNECTION_START_OK:
+            self.user, self.pause.blocked_capable = amqp.start_ok_user(payload)
+        elif method == amqp.CONNECTION_TUNE_OK:
+            if not self.state.can(Event.CLIENT_TUNE_OK):
+                raise FrameError(amqp.UNEXPECTED_FRAME, "a second connection.tune-ok")
+            frame_max = int(decode_args(method, payload)[1])  # type: ignore[call-overload]
+            self.from_client.inbound.max_frame = self.from_upstream.inbound.max_frame = (
+                frame_max or 1 << 31
+            )
+            self.state.move(Event.CLIENT_TUNE_OK)
+        elif method == amqp.CONNECTION_OPEN:
+            self.vhost = text(decode_args(method, payload)[0]) or "/"
+            self.route_blocked = self.hub.route_blocker(self.vhost)
+        elif method >> 16 != 10:
+            raise FrameError(amqp.CHANNEL_ERROR, f"{amqp.method_name(method)} on channel 0")
+        return True
+
+    # -- flow control ----------------------------------------------------------------
 
     def counted_while_flowed(self, number: int, size: int) -> None:
-        """A publish on a flowed channel (see :mod:`~rabbitflow_broker.engine_pause`)."""
-        engine_pause.counted_while_flowed(self, number, size)
+        """A publish on a flowed channel: past the connection's allowance, the
+        scan stops after it and reads pause (:class:`~rabbitflow_broker.engine_pause.Pause`)."""
+        frame = self.pause.counted(number, size, self.now, self.channels.values())
+        if frame:
+            self.send_client(0, frame)
+
+    def _resume_if_allowed(self) -> None:
+        if not self.pause.paused:
+            if self.from_client.inbound.pending and not self.state.connecting:
+                self.parse_client(b"")
+            return
+        frame = self.pause.resume(self.now, self.channels.values())
+        if frame is None:
+            return
+        if frame:
+            self.send_client(0, frame)
+        self.parse_client(b"")
 
     def flow_ignored(self, channel: Channel) -> bool:
-        """Whether ``channel`` ignores flow control (and was closed for it)."""
-        return engine_pause.flow_ignored(self, channel)
+        """True (and the channel or connection closed) when ``channel``
+        publishes past its enforcement timeout."""
+        verdict = self.pause.judge(self.now, channel)
+        if verdict is Verdict.FORWARD:
+            return False
+        self.emit(channel.event_ignored())
+        if verdict is Verdict.CLOSE_CONNECTION:
+            self.close_connection(
+                amqp.PRECONDITION_FAILED,
+                f"flow control ignored again within {REPEAT_OFFENCE_S:.0f} s of a channel close",
+            )
+            return True
+        timeout = self.settings.flow_enforcement_timeout or 0.0
+        channel.close(
+            amqp.PRECONDITION_FAILED,
+            f"flow control ignored: still publishing {timeout * 1000:.0f} ms after "
+            "Channel.Flow(active=false)",
+            amqp.BASIC_PUBLISH,
+        )
+        return True
+
+    def channel(self, number: int) -> Channel | None:
+        """The open channel ``number`` (0: None)."""
+        return self.channels.get(number) if number else None
+
+    def stash(self, number: int) -> list[bytes] | None:
+        """Frames waiting for RabbitMQ to close channel ``number`` (None: not closing)."""
+        return self.upstream_closing.get(number) if number else None
+
+    def open_channel(self, number: int) -> None:
+        """The client opened channel ``number``."""
+        self.channels[number] = Channel(self, number)
 
     def forget_channel(self, number: int) -> None:
         """The channel is closed on both sides."""
         channel = self.channels.pop(number, None)
-        self._client.expect_header.discard(number)
-        self._client.remaining.pop(number, None)
-        self._from_upstream.forget(number)
+        self.from_client.inbound.forget(number)
+        self.from_upstream.forget(number)
         if channel is not None and channel.ever_flowed:
             self.emit(channel.event_closed())
 

@@ -9,17 +9,19 @@ emit an event, report a publish made while flowed.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from mypy_extensions import trait
 
-from rabbitflow_broker import amqp
-from rabbitflow_broker.amqp import ContentInfo, decode_args, text, u64
+from rabbitflow_broker import amqp, amqp_encode
+from rabbitflow_broker.amqp import SYNTAX_ERROR, ContentInfo, decode_args, shortstr, text, u64
 from rabbitflow_broker.confirms import ConfirmTracker, Route
 from rabbitflow_broker.depth import ChannelDeliveries
-from rabbitflow_broker.engine_io import Hub
+from rabbitflow_broker.engine_io import EngineSettings, Hub
+from rabbitflow_broker.errors import FrameError
 from rabbitflow_broker.events import (
     ALL_QUEUES,
     ChannelClosed,
@@ -29,7 +31,6 @@ from rabbitflow_broker.events import (
     Event,
 )
 from rabbitflow_broker.flow import ThresholdError
-from rabbitflow_broker.frames import SYNTAX_ERROR, FrameError
 from rabbitflow_broker.mirror import NOWAIT_AT, OK_OF
 
 __all__ = ["Channel", "Connection"]
@@ -45,10 +46,21 @@ class Connection:
 
     hub: Hub
     vhost: str
+    #: The monotonic clock as of the present call into the engine.
     now: float
+    settings: EngineSettings
+    channels: dict[int, Channel]
     upstream_closing: dict[int, list[bytes]]
     #: Whether a route is blocked, as of the last refresh.
     route_blocked: Callable[[Route], bool]
+
+    def stamp(self) -> dt.datetime:
+        """Wall-clock time of :attr:`now`, for event timestamps."""
+        raise NotImplementedError
+
+    def upstream_connection_method(self, method: int) -> None:
+        """A channel-0 method from RabbitMQ on its way to the client."""
+        raise NotImplementedError
 
     def send_client(self, channel: int, frame: bytes) -> None:
         """A frame of the gateway's own for the client."""
@@ -77,13 +89,6 @@ class Connection:
     def forget_channel(self, number: int) -> None:
         """The channel is closed on both sides."""
         raise NotImplementedError
-
-
-def _shortstr(data: bytes, pos: int) -> tuple[str, int]:
-    end = pos + 1 + data[pos]
-    if end > len(data):
-        raise FrameError(SYNTAX_ERROR, "short string runs past the frame")
-    return data[pos + 1 : end].decode("utf-8", "replace"), end
 
 
 class Channel:
@@ -131,7 +136,7 @@ class Channel:
                 self.closed_by_gateway = False
                 self.conn.forget_channel(self.number)
             elif method == amqp.CHANNEL_CLOSE:  # both sides closing at once
-                self.conn.send_client(self.number, amqp.channel_close_ok(self.number))
+                self.conn.send_client(self.number, amqp_encode.channel_close_ok(self.number))
             return False
         handler = _CLIENT.get(method)
         return True if handler is None else handler(self, method, payload)
@@ -164,8 +169,8 @@ class Channel:
             self.publish = self._last_publish
             return
         try:
-            exchange, pos = _shortstr(data, first)
-            routing_key, _ = _shortstr(data, pos)
+            exchange, pos = shortstr(data, first)
+            routing_key, _ = shortstr(data, pos)
         except IndexError:
             raise FrameError(SYNTAX_ERROR, "malformed basic.publish") from None
         self.publish = self._last_publish = (exchange, routing_key)
@@ -278,9 +283,9 @@ class Channel:
         number = self.number
         self.conn.send_client(
             number,
-            amqp.close_frame(number, code, amqp.reply_text(code, reason), method),
+            amqp_encode.close_frame(number, code, amqp.reply_text(code, reason), method),
         )
-        self.conn.send_upstream(amqp.close_frame(number, 200, "closed by gateway"))
+        self.conn.send_upstream(amqp_encode.close_frame(number, 200, "closed by gateway"))
         self.blockers.clear()
         self.closed_by_gateway = True
         self.conn.upstream_closing[number] = []
@@ -342,7 +347,7 @@ class Channel:
 
     def _u_cancel(self, method: int, payload: bytes) -> bool:
         try:
-            tag, _ = _shortstr(payload, 4)
+            tag, _ = shortstr(payload, 4)
         except IndexError:
             return True
         self.consumers.pop(tag, None)
@@ -358,7 +363,7 @@ class Channel:
             if raw == self._last_tag_raw:  # deliveries mostly repeat their consumer
                 tag = self._last_tag
             else:
-                tag, pos = _shortstr(data, first)
+                tag, pos = shortstr(data, first)
                 self._last_tag_raw, self._last_tag = raw, tag
             delivery_tag = u64(data, pos)
         except IndexError:
@@ -406,7 +411,7 @@ class Channel:
         for confirm in confirms:
             self.conn.send_client(
                 self.number,
-                amqp.confirm_frame(self.number, confirm.tag, confirm.multiple, confirm.ack),
+                amqp_encode.confirm_frame(self.number, confirm.tag, confirm.multiple, confirm.ack),
             )
         return False
 
@@ -458,14 +463,12 @@ class Channel:
         if not first:
             return
         conn = self.conn
-        # The enforcement clock starts no earlier than CHN-1005's timestamp
-        # (stamped first): conn.now is when the chunk being parsed arrived,
-        # which can be milliseconds before this publish, and CHN-1012 must
-        # not be logged less than the timeout after CHN-1005.
-        ts = conn.hub.now()
-        self.flowed_at = max(conn.now, conn.hub.monotonic())
+        # CHN-1005's timestamp and the enforcement clock are the same instant
+        # (conn.now), so CHN-1012 is never logged less than the timeout after it.
+        ts = conn.stamp()
+        self.flowed_at = conn.now
         self.ever_flowed = True
-        conn.send_client(self.number, amqp.flow_frame(self.number, False))
+        conn.send_client(self.number, amqp_encode.flow_frame(self.number, False))
         conn.emit(ChannelFlowEnforced(ts=ts, channel=self.number, queue=blocker, **conn.identity()))
 
     def refresh(self, blocked: Callable[[Route], bool], vhost_blocked: bool) -> None:
@@ -477,11 +480,12 @@ class Channel:
         if self.confirm is not None and self.confirm.held:
             for confirm in self.confirm.release(blocked):
                 conn.send_client(
-                    number, amqp.confirm_frame(number, confirm.tag, confirm.multiple, confirm.ack)
+                    number,
+                    amqp_encode.confirm_frame(number, confirm.tag, confirm.multiple, confirm.ack),
                 )
         while self.held_commits and not blocked(self.held_commits[0]):
             self.held_commits.pop(0)
-            conn.send_client(number, amqp.commit_ok(number))
+            conn.send_client(number, amqp_encode.commit_ok(number))
         if vhost_blocked and self.publisher:
             self._block(ALL_QUEUES)
         if self.blockers:
@@ -490,18 +494,16 @@ class Channel:
                     del self.blockers[blocker]
             if not self.blockers:
                 self.flowed_at = None
-                conn.send_client(number, amqp.flow_frame(number, True))
-                conn.emit(ChannelFlowRemoved(ts=conn.hub.now(), channel=number, **conn.identity()))
+                conn.send_client(number, amqp_encode.flow_frame(number, True))
+                conn.emit(ChannelFlowRemoved(ts=conn.stamp(), channel=number, **conn.identity()))
 
     def event_ignored(self) -> ChannelFlowIgnored:
         """CHN-1012 for this channel."""
-        return ChannelFlowIgnored(
-            ts=self.conn.hub.now(), channel=self.number, **self.conn.identity()
-        )
+        return ChannelFlowIgnored(ts=self.conn.stamp(), channel=self.number, **self.conn.identity())
 
     def event_closed(self) -> ChannelClosed:
         """CHN-1003 for this channel."""
-        return ChannelClosed(ts=self.conn.hub.now(), channel=self.number, **self.conn.identity())
+        return ChannelClosed(ts=self.conn.stamp(), channel=self.number, **self.conn.identity())
 
     # -- views -----------------------------------------------------------------------
 

@@ -10,8 +10,18 @@ from typing import Any, Final, TypeAlias
 
 from mypy_extensions import trait
 
-from rabbitflow_broker.amqp import u16, u32, u64
+from rabbitflow_broker.amqp import (
+    CONTENT_METHODS,
+    FRAME_ERROR,
+    UNEXPECTED_FRAME,
+    ContentInfo,
+    content_properties,
+    u16,
+    u32,
+    u64,
+)
 from rabbitflow_broker.confirms import Route
+from rabbitflow_broker.errors import FrameError
 from rabbitflow_broker.events import Event
 
 __all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
@@ -19,7 +29,8 @@ __all__ = ["Actions", "EngineSettings", "Hub", "Inbound", "Out", "content_unit"]
 
 @trait
 class Hub:
-    """The shared gateway state one connection may use (narrow on purpose).
+    """The shared gateway state one connection may use (narrow on purpose;
+    no clock: the engine is given the time with each call).
 
     :class:`~rabbitflow_broker.gateway.Gateway` implements it.  A base class
     rather than a :class:`~typing.Protocol`: compiled, the engine's calls
@@ -69,14 +80,6 @@ class Hub:
         self, vhost: str, request: int, args: list[object], reply: Any, last: str
     ) -> None:
         """RabbitMQ confirmed a client's request (follow it in the routing mirror)."""
-        raise NotImplementedError
-
-    def now(self) -> Any:
-        """Wall-clock time for event timestamps."""
-        raise NotImplementedError
-
-    def monotonic(self) -> float:
-        """Monotonic seconds."""
         raise NotImplementedError
 
     @property
@@ -139,6 +142,57 @@ class Inbound:
         self.max_frame = max_frame
         self.expect_header: set[int] = set()  # channels between content method and header
         self.remaining: dict[int, int] = {}  # channel -> body bytes still due
+
+    def mid_content(self, number: int) -> bool:
+        """True while a message on channel ``number`` is incomplete."""
+        return number in self.expect_header or number in self.remaining
+
+    def method(self, number: int, method: int) -> None:
+        """A method frame on channel ``number``, checked against what the channel expects.
+
+        Raises:
+            FrameError: the channel's message is incomplete.
+        """
+        if number in self.expect_header or number in self.remaining:
+            raise FrameError(UNEXPECTED_FRAME, f"method frame on channel {number} mid-content")
+        if method in CONTENT_METHODS:
+            self.expect_header.add(number)
+
+    def header(self, number: int, buf: bytes, start: int, end: int) -> ContentInfo:
+        """The content header ``buf[start:end]`` (its payload) on channel ``number``.
+
+        Raises:
+            FrameError: no content method before it, or a malformed header.
+        """
+        if number not in self.expect_header:
+            raise FrameError(UNEXPECTED_FRAME, f"content header on channel {number}")
+        self.expect_header.discard(number)
+        info = content_properties(buf, start, end)
+        if info.body_size:
+            self.remaining[number] = info.body_size
+        return info
+
+    def body(self, number: int, size: int) -> None:
+        """A body frame of ``size`` bytes on channel ``number``.
+
+        Raises:
+            FrameError: no header announced it, or it runs past the announced size.
+        """
+        remaining = self.remaining.get(number)
+        if remaining is None or number == 0:
+            raise FrameError(UNEXPECTED_FRAME, f"body frame on channel {number}")
+        remaining -= size
+        if remaining > 0:
+            self.remaining[number] = remaining
+            return
+        del self.remaining[number]
+        if remaining < 0:
+            raise FrameError(FRAME_ERROR, "body longer than its header announced")
+
+    def forget(self, number: int) -> None:
+        """Channel ``number`` is closed."""
+        self.expect_header.discard(number)
+        self.remaining.pop(number, None)
 
 
 class Out:

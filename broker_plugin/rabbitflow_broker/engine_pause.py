@@ -1,4 +1,4 @@
-"""Flow control across a connection's channels, as functions of an engine.
+"""The flow-control pause of one connection's reads (pure).
 
 The back-pressure allowance is per connection (:class:`~rabbitflow_broker.engine_flow.Allowance`):
 publishes on flowed channels spend it, and once it is spent the engine stops
@@ -6,93 +6,81 @@ parsing after the publish that spent it and pauses reading the client until
 the allowance is renewed (every channel free again) or the pause ends.  A
 channel still publishing past the enforcement timeout is closed; a
 connection that ignores flow again soon after such a close is closed.
+
+:class:`Pause` owns that state; the engine asks it and carries out what it
+says (frames to send, channels to close).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
-from rabbitflow_broker import amqp
-from rabbitflow_broker.engine_flow import REPEAT_OFFENCE_S, Verdict
+from rabbitflow_broker import amqp_encode
+from rabbitflow_broker.engine_channel import Channel
+from rabbitflow_broker.engine_flow import Allowance, Verdict
 
-if TYPE_CHECKING:
-    from rabbitflow_broker.engine import Engine
-    from rabbitflow_broker.engine_channel import Channel
-
-__all__ = [
-    "counted_while_flowed",
-    "flow_ignored",
-    "pause_until",
-    "refresh_channels",
-    "resume_if_allowed",
-]
+__all__ = ["Pause"]
 
 
-def refresh_channels(engine: Engine) -> None:
-    hub = engine.hub
-    blocked = engine.route_blocked = hub.route_blocker(engine.vhost)
-    vhost_blocked = hub.vhost_blocked(engine.vhost)
-    for channel in list(engine.channels.values()):
-        channel.refresh(blocked, vhost_blocked)
-    if not any(channel.blockers for channel in engine.channels.values()):
-        engine.allowance.renew()
+class Pause:
+    """The allowance of a connection, whether its reads pause for it, and
+    where the scan of its bytes stops."""
 
+    def __init__(self, enforcement: float | None) -> None:
+        self.allowance = Allowance(enforcement)
+        #: Reads are paused: the allowance is spent.
+        self.paused = False
+        #: The channel whose publish, once whole, ends the present scan.
+        self.stop_after: int | None = None
+        #: The last scan stopped at such a publish's end.
+        self.halted = False
+        #: The client takes Connection.Blocked / Unblocked (its capabilities say so).
+        self.blocked_capable = False
 
-def counted_while_flowed(engine: Engine, number: int, size: int) -> None:
-    """A publish on a flowed channel: past the connection's allowance, stop
-    parsing after it and pause reads."""
-    if engine.allowance.count(size):
-        until = pause_until(engine)
-        if until is not None and until > engine.now:
-            engine._stop_after = number
-            if not engine._flow_paused:
-                engine._flow_paused = True
-                if engine._blocked_capable:
-                    engine.send_client(0, amqp.connection_blocked("flow control"))
-
-
-def pause_until(engine: Engine) -> float | None:
-    return engine.allowance.pause_until(
-        c.flowed_at
-        for c in engine.channels.values()
-        if c.blockers and c.flowed_at is not None and not c.closed_by_gateway
-    )
-
-
-def resume_if_allowed(engine: Engine) -> None:
-    if not engine._flow_paused:
-        if engine._client.pending and engine._upstream_ready:
-            engine.parse_client(b"")
-        return
-    until = pause_until(engine)
-    if until is not None and engine.allowance.spent and until > engine.now:
-        return
-    engine._flow_paused = False
-    if engine._blocked_capable:
-        engine.send_client(0, amqp.CONNECTION_UNBLOCKED_FRAME)
-    engine.parse_client(b"")
-
-
-def flow_ignored(engine: Engine, channel: Channel) -> bool:
-    """True (and the channel or connection closed) when ``channel`` publishes
-    past its enforcement timeout."""
-    if not channel.blockers:
-        return False
-    verdict = engine.allowance.judge(engine.now, channel.flowed_at)
-    if verdict is Verdict.FORWARD:
-        return False
-    engine.emit(channel.event_ignored())
-    if verdict is Verdict.CLOSE_CONNECTION:
-        engine.close_connection(
-            amqp.PRECONDITION_FAILED,
-            f"flow control ignored again within {REPEAT_OFFENCE_S:.0f} s of a channel close",
+    def until(self, channels: Iterable[Channel]) -> float | None:
+        """When paused reads may resume (inf: once unflowed); None: nothing flowed."""
+        return self.allowance.pause_until(
+            c.flowed_at
+            for c in channels
+            if c.blockers and c.flowed_at is not None and not c.closed_by_gateway
         )
-        return True
-    timeout = engine.settings.flow_enforcement_timeout or 0.0
-    channel.close(
-        amqp.PRECONDITION_FAILED,
-        f"flow control ignored: still publishing {timeout * 1000:.0f} ms after "
-        "Channel.Flow(active=false)",
-        amqp.BASIC_PUBLISH,
-    )
-    return True
+
+    def counted(self, number: int, size: int, now: float, channels: Iterable[Channel]) -> bytes:
+        """A publish of ``size`` bytes on flowed channel ``number``: past the
+        allowance, stop the scan after it and pause reads.  Returns the frame
+        to tell the client so (Connection.Blocked), or ``b""``."""
+        if not self.allowance.count(size):
+            return b""
+        until = self.until(channels)
+        if until is None or until <= now:
+            return b""
+        self.stop_after = number
+        if self.paused:
+            return b""
+        self.paused = True
+        return amqp_encode.connection_blocked("flow control") if self.blocked_capable else b""
+
+    def resume(self, now: float, channels: Iterable[Channel]) -> bytes | None:
+        """End the pause if it may end: None while it holds, else the frame
+        to tell the client (Connection.Unblocked, or ``b""``)."""
+        until = self.until(channels)
+        if until is not None and self.allowance.spent and until > now:
+            return None
+        self.paused = False
+        return amqp_encode.CONNECTION_UNBLOCKED_FRAME if self.blocked_capable else b""
+
+    def renew_if_free(self, channels: Iterable[Channel]) -> None:
+        """Every channel unflowed: the allowance starts again."""
+        if not any(channel.blockers for channel in channels):
+            self.allowance.renew()
+
+    def judge(self, now: float, channel: Channel) -> Verdict:
+        """A publish on ``channel``: forward it, or close the channel or the
+        connection for ignoring flow control."""
+        if not channel.blockers:
+            return Verdict.FORWARD
+        return self.allowance.judge(now, channel.flowed_at)
+
+    def next_scan(self) -> None:
+        """A scan of the client's bytes begins."""
+        self.halted = False

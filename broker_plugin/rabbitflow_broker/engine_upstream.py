@@ -9,22 +9,22 @@ frames the gateway adds for a channel out of the middle of a delivery.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
-
 from rabbitflow_broker import amqp
-from rabbitflow_broker.amqp import CONTENT_METHODS, u16, u32, u64
+from rabbitflow_broker.amqp import (
+    CONTENT_METHODS,
+    FRAME_BODY,
+    FRAME_ERROR,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    u16,
+    u32,
+    u64,
+)
+from rabbitflow_broker.engine_channel import Channel, Connection
 from rabbitflow_broker.engine_io import Inbound, Out, content_unit
-from rabbitflow_broker.frames import FRAME_ERROR, FrameError
-
-if TYPE_CHECKING:
-    from rabbitflow_broker.engine import Engine
-    from rabbitflow_broker.engine_channel import Channel
+from rabbitflow_broker.errors import FrameError
 
 __all__ = ["FromUpstream"]
-
-_METHOD: Final = 1
-_HEADER: Final = 2
-_BODY: Final = 3
 
 
 class FromUpstream:
@@ -56,7 +56,7 @@ class FromUpstream:
         """The channel is closed: drop what waits for it."""
         self.deferred = [(n, f) for n, f in self.deferred if n != number]
 
-    def receive(self, conn: Engine, data: bytes, down: Out, up: Out) -> None:
+    def receive(self, conn: Connection, data: bytes, down: Out, up: Out) -> None:
         """Scan ``data`` for ``conn``; frames for the client go to ``down``.
 
         Raises:
@@ -81,7 +81,7 @@ class FromUpstream:
                 for _, frame in ready:
                     down.add(frame)
 
-    def _scan(self, conn: Engine, buf: bytes, down: Out, up: Out) -> int:
+    def _scan(self, conn: Connection, buf: bytes, down: Out, up: Out) -> int:
         inbound = self.inbound
         size_all = len(buf)
         pos = 0
@@ -103,7 +103,7 @@ class FromUpstream:
             if (
                 size == 13  # a publisher confirm, the commonest frame under load
                 and channel is not None
-                and kind == _METHOD
+                and kind == FRAME_METHOD
                 and buf[end - 2] <= 1  # multiple or not; never a nack
                 and u32(buf, pos + 7) == amqp.BASIC_ACK
                 and channel.confirm is not None
@@ -114,7 +114,7 @@ class FromUpstream:
                 pos = end
                 continue
             if (
-                kind == _METHOD
+                kind == FRAME_METHOD
                 and channel is not None
                 and size >= 4
                 and u32(buf, pos + 7) == amqp.BASIC_DELIVER
@@ -130,7 +130,7 @@ class FromUpstream:
                     continue
             if (
                 number == 0
-                and kind == _METHOD
+                and kind == FRAME_METHOD
                 and size >= 4
                 and u32(buf, pos + 7) == amqp.CONNECTION_START
             ):
@@ -146,7 +146,7 @@ class FromUpstream:
 
     def _frame(  # noqa: PLR0917 - the hot loop's locals, positionally
         self,
-        conn: Engine,
+        conn: Connection,
         buf: bytes,
         pos: int,
         end: int,
@@ -158,14 +158,14 @@ class FromUpstream:
         """One frame from RabbitMQ; True to forward it to the client."""
         inbound = self.inbound
         closing = number in conn.upstream_closing
-        if kind == _BODY:
+        if kind == FRAME_BODY:
             remaining = inbound.remaining.get(number, 0) - (end - pos - 8)
             if remaining > 0:
                 inbound.remaining[number] = remaining
             else:
                 inbound.remaining.pop(number, None)
             return not closing
-        if kind == _HEADER:
+        if kind == FRAME_HEADER:
             inbound.expect_header.discard(number)
             body_size = u64(buf, pos + 11) if end - pos >= 19 else 0
             if body_size:
@@ -173,7 +173,7 @@ class FromUpstream:
             if channel is not None and not closing:
                 channel.delivered(body_size)
             return not closing
-        if kind != _METHOD or end - pos < 12:
+        if kind != FRAME_METHOD or end - pos < 12:
             return not closing
         method = u32(buf, pos + 7)
         inbound.remaining.pop(number, None)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from rabbitflow_broker.errors import StateError, UsageError
 from rabbitflow_broker.events import QueueOverfull, QueueUnderfull
 
 __all__ = [
@@ -59,7 +60,7 @@ ARGUMENT_NAMES: Final = (STOP_COUNT, RESUME_COUNT, STOP_SIZE, RESUME_SIZE)
 ThresholdsSource = Literal["arguments", "runtime", "default", "none"]
 
 
-class ThresholdError(ValueError):
+class ThresholdError(UsageError, ValueError):
     """A threshold value is refused; the message names the argument."""
 
     def __init__(self, argument: str, reason: str) -> None:
@@ -343,7 +344,7 @@ class FlowInput(enum.Enum):
     UNDERFULL = "underfull"
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(StateError):
     """A (state, input) pair the transition table does not allow."""
 
     def __init__(self, state: FlowState, event: FlowInput) -> None:

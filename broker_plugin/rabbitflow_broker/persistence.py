@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rabbitflow_broker.depth import QueueKey
+from rabbitflow_broker.errors import OutsideError
 from rabbitflow_broker.flow import ThresholdError, Thresholds
 from rabbitflow_broker.upstream import ManagementClient, ManagementError
 
@@ -44,7 +45,7 @@ STOP_PREFIX = "rabbitflow-stop:"
 AdminStop = tuple[str | None, str | None]
 
 
-class PersistenceError(Exception):
+class PersistenceError(OutsideError):
     """Runtime thresholds could not be loaded or saved."""
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
+from rabbitflow_broker.errors import OutsideError
+
 __all__ = [
     "NodeError",
     "RabbitMQNode",
@@ -38,7 +40,7 @@ _PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 _RABBIT_BIN_DIRS = ("/usr/lib/rabbitmq/bin", "/usr/sbin", "/usr/local/sbin", "/opt/rabbitmq/sbin")
 
 
-class NodeError(RuntimeError):
+class NodeError(OutsideError, RuntimeError):
     """A throwaway RabbitMQ node could not be started, stopped or controlled."""
 
 

@@ -8,9 +8,9 @@ every read of either socket to the connection's
 :class:`~rabbitflow_broker.engine.Actions` the engine returns: one write per
 side, events to the gateway's sink; the relay itself pauses or resumes
 reads, keeps the one timer and closes.  All AMQP decisions are the
-engine's.  After client reads the loop gives the CPU away once, or
-sleeps 100 µs if a client read keeps a deep pipe of messages
-(:mod:`~rabbitflow_broker.cpu_yield`).
+engine's.  After client reads the loop may give the CPU away once or
+sleep a moment, as the service's read-pause policy says
+(:mod:`~rabbitflow_broker.read_pause`; none when the relay is given none).
 
 TCP back-pressure passes through: while one side's transport buffers more
 than its high-water mark, the other side is not read (toward RabbitMQ a
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import errno
 import socket
 import ssl
@@ -42,6 +43,7 @@ from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_flow import PAUSE_BYTES, PAUSE_MESSAGES
 from rabbitflow_broker.engine_views import EngineViews
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.read_pause import OFF, ReadPause
 from rabbitflow_broker.refresher import Refresher
 from rabbitflow_broker.relay_pump import Pump
 
@@ -78,6 +80,7 @@ class Relay(EngineViews, asyncio.Protocol):
         connector: Connector | None = None,
         upstream_ssl: ssl.SSLContext | None = None,
         upstream_server_hostname: str | None = None,
+        read_pause: ReadPause = OFF,
     ) -> None:
         self.gateway = gateway
         self._on_closed = on_closed
@@ -94,8 +97,11 @@ class Relay(EngineViews, asyncio.Protocol):
             handshake_timeout=handshake / 1000 if handshake else None,
             server=_SERVER,
         )
-        self.engine = Engine(gateway, number=self.number, settings=settings)
-        self._pump = Pump(self.engine, gateway, self)
+        # Event timestamps come from the clock the engine is given (no clock
+        # reads inside it): the wall-clock time at which that clock was 0.
+        epoch = gateway.now() - dt.timedelta(seconds=gateway.monotonic())
+        self.engine = Engine(gateway, number=self.number, settings=settings, epoch=epoch)
+        self._pump = Pump(self.engine, gateway, self, read_pause)
         if gateway.on_change is None:
             gateway.on_change = Refresher(gateway)
         # Each transport refers to its protocol (this relay, or _Upstream) until

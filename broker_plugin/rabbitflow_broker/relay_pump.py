@@ -4,10 +4,12 @@
 that runs for every read: it hands the bytes to the
 :class:`~rabbitflow_broker.engine.Engine` with the clock and carries out the
 :class:`~rabbitflow_broker.engine_io.Actions` that come back (one write per
-side, events to the gateway's sink).  What happens rarely (pausing the
-client, the timer, closing) it passes to its :class:`Owner`, the relay.  It
-is compiled with the engine (:mod:`~rabbitflow_broker.accel`), so a read costs
-no interpreted Python between the event loop and the engine.
+side, events to the gateway's sink), and tells the read-pause policy
+(:class:`~rabbitflow_broker.read_pause.ReadPause`) about client reads.  What
+happens rarely (pausing the client, the timer, closing) it passes to its
+:class:`Owner`, the relay.  It is compiled with the engine
+(:mod:`~rabbitflow_broker.accel`), so a read costs no interpreted Python
+between the event loop and the engine.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from rabbitflow_broker.cpu_yield import Loop, cpu_yield
 from rabbitflow_broker.engine import Engine
 from rabbitflow_broker.engine_io import Actions, Chunk
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.read_pause import OFF, Loop, ReadPause
 
 __all__ = ["Owner", "Pump", "Transport"]
 
@@ -65,15 +67,19 @@ _NO_OWNER: Owner = _NoOwner()
 class Pump:
     """Feeds one connection's reads to its engine and carries out the actions."""
 
-    def __init__(self, engine: Engine, gateway: Gateway, owner: Owner) -> None:
+    def __init__(
+        self, engine: Engine, gateway: Gateway, owner: Owner, read_pause: ReadPause = OFF
+    ) -> None:
         self.engine = engine
+        #: What the loop does after a turn with client reads (shared by all connections).
+        self.read_pause = read_pause
         self.gateway = gateway
         # The owner (the relay) holds the pump too: release() breaks that
         # cycle when the connection ends.
         self.owner = owner
         self.client: Transport | None = None
         self.upstream: Transport | None = None
-        #: The event loop (for the yield after client reads); set when connected.
+        #: The event loop (for the read pause); set when connected.
         self.loop: Loop | None = None
         #: Set once the relay closes: reads are then ignored.
         self.closing = False
@@ -93,7 +99,7 @@ class Pump:
         if not self.closing:
             engine = self.engine
             self.perform(engine.receive_client(data, self.gateway.monotonic()))
-            cpu_yield.after_read(self.loop, engine.outstanding)
+            self.read_pause.after_read(self.loop, engine.outstanding)
 
     def upstream_data(self, data: bytes) -> None:
         """Bytes from RabbitMQ."""

@@ -15,10 +15,12 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rabbitflow_broker.errors import UsageError
+
 __all__ = ["RoutingError", "RoutingNotFoundError", "RoutingValueError", "Term"]
 
 
-class RoutingError(Exception):
+class RoutingError(UsageError):
     """Base of every error raised by :mod:`rabbitflow_broker.routing`."""
 
 

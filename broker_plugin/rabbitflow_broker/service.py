@@ -45,6 +45,7 @@ from rabbitflow_broker.persistence import (
     RabbitMQThresholdStore,
     ThresholdStore,
 )
+from rabbitflow_broker.read_pause import ReadPause
 from rabbitflow_broker.relay import Relay
 from rabbitflow_broker.routing import RoutingError, RoutingTable
 from rabbitflow_broker.service_io import (
@@ -135,6 +136,7 @@ class GatewayService:
         )
         self._owns_sink = sink is None
         self.gateway = Gateway(config, sink=self.sink)
+        self.read_pause = ReadPause(config.read_pause_us)  # shared by every relay
         user, password = config.management_credentials
         bases = config.management_bases
         self.management = ManagementClient(bases[0], user, password, more=bases[1:])
@@ -417,6 +419,7 @@ class GatewayService:
             upstream_server_hostname=(
                 self.config.upstream_address[0] if self._upstream_ssl is not None else None
             ),
+            read_pause=self.read_pause,
         )
         self._relays.add(relay)
         return relay

@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
+from rabbitflow_broker.errors import StateError
 from rabbitflow_broker.events import StoreEvent, StoreOverfull, StoreUnderfull
 
 __all__ = [
@@ -55,7 +56,7 @@ TRANSITIONS: dict[tuple[StoreState, _Trigger], StoreState] = {
 }
 
 
-class StoreTransitionError(RuntimeError):
+class StoreTransitionError(StateError):
     """An illegal move of the store machine; names the state and trigger."""
 
     def __init__(self, state: StoreState, trigger: str) -> None:

@@ -11,11 +11,12 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.engine import Actions, Engine, EngineSettings
 from rabbitflow_broker.events import Event
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
 from rabbitflow_broker.gateway import Gateway
+from tests.broker.frame_reader import FrameReader, decode_method
 
 
 def method(channel: int, value: Frame) -> bytes:

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import BlockedChannel
+from tests.broker.frame_reader import FrameReader, decode_method
 
 if TYPE_CHECKING:
     from rabbitflow_broker.gateway import Gateway
+    from rabbitflow_broker.read_pause import ReadPause
     from rabbitflow_broker.relay import Relay
 
 
@@ -155,7 +157,9 @@ class FakeTransport(FakeWriter):
             protocol.connection_lost(None)
 
 
-def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTransport]:
+def connected_relay(
+    gateway: Gateway, read_pause: ReadPause | None = None
+) -> tuple[Relay, FakeTransport, FakeTransport]:
     """A relay on in-memory transports: (relay, client side, upstream side).
 
     The upstream connection opens as soon as the event loop runs.
@@ -169,7 +173,11 @@ def connected_relay(gateway: Gateway) -> tuple[Relay, FakeTransport, FakeTranspo
         return upstream
 
     client = FakeTransport()
-    relay = Relay(gateway, connector=connect)
+    relay = (
+        Relay(gateway, connector=connect)
+        if read_pause is None
+        else Relay(gateway, connector=connect, read_pause=read_pause)
+    )
     client.attach(relay)
     return relay, client, upstream
 

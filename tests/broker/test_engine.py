@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from pamqp import commands
 
 from rabbitflow_broker import engine as engine_module
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine import PAUSE_MESSAGES, PRE_LOGIN_BUFFER
-from rabbitflow_broker.frames import PROTOCOL_HEADER
 from tests.broker.engine_harness import deliver, method, publish, wire
 
 
@@ -291,7 +291,9 @@ def test_start_ok_with_a_huge_client_properties_table_is_read_without_decoding_i
     payload = (10 << 16 | 11).to_bytes(4, "big") + args
     frame = b"\x01\x00\x00" + len(payload).to_bytes(4, "big") + payload + b"\xce"
     w = wire(login=False)
-    w.engine._client.max_frame = 1 << 24  # what the 4096 bound would refuse, read anyway
+    w.engine.from_client.inbound.max_frame = (
+        1 << 24
+    )  # what the 4096 bound would refuse, read anyway
     w.client(PROTOCOL_HEADER + frame)
     assert w.engine.user == "bob"
 
@@ -362,4 +364,4 @@ def test_a_frame_completed_by_the_next_read_stops_a_flowed_stream_as_one_read_wo
         split = wire(stop_count=1)
         split.client(stream[: stop - back], stream[stop - back :])
         assert bytes(split.to_upstream) == bytes(whole.to_upstream)
-        assert split.engine._client.pending == whole.engine._client.pending
+        assert split.engine.from_client.inbound.pending == whole.engine.from_client.inbound.pending

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine import PRE_LOGIN_BUFFER, Actions
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader
 from tests.broker.engine_harness import START_OK, Wire, deliver, method, publish, wire
+from tests.broker.frame_reader import FrameReader
 from tests.broker.rabbitmq_answers import CASES, RecordedCase
 
 _FRAME = struct.Struct(">BHI")
@@ -108,10 +109,10 @@ def _well_formed(data: bytes) -> None:
 
 def _check_bounds(w: Wire, last_chunk: int) -> None:
     engine = w.engine
-    pending = len(engine._client.pending)
-    limit = engine._client.max_frame + 8 + last_chunk
+    pending = len(engine.from_client.inbound.pending)
+    limit = engine.from_client.inbound.max_frame + 8 + last_chunk
     assert pending <= max(limit, PRE_LOGIN_BUFFER)
-    assert len(engine._upstream.pending) <= engine._upstream.max_frame + 8
+    assert len(engine.from_upstream.inbound.pending) <= engine.from_upstream.inbound.max_frame + 8
 
 
 def _feed_client(w: Wire, data: bytes, cuts: list[int]) -> None:

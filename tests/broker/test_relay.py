@@ -17,12 +17,13 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved, Event
-from rabbitflow_broker.frames import PROTOCOL_HEADER, FrameReader, decode_method
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
 from tests.broker.fakes import FakeTransport, connected_relay
+from tests.broker.frame_reader import FrameReader, decode_method
 
 
 @dataclass

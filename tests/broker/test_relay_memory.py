@@ -23,8 +23,8 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
 from tests.broker.fakes import connected_relay

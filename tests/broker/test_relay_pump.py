@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.engine import Engine, EngineSettings
 from rabbitflow_broker.engine_io import VIEW_MIN, Actions, Chunk, Out
-from rabbitflow_broker.frames import PROTOCOL_HEADER
 from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.read_pause import ReadPause
 from rabbitflow_broker.relay_pump import Pump
 from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner
 
@@ -18,7 +19,7 @@ def _pump(clock: list[float]) -> tuple[Pump, RecordingOwner, FakeWriter, FakeWri
     gateway = Gateway(GatewayConfig(), sink=events.append, monotonic=lambda: clock[0])
     engine = Engine(gateway, number=1, settings=EngineSettings(handshake_timeout=10.0))
     owner = RecordingOwner()
-    pump = Pump(engine, gateway, owner)
+    pump = Pump(engine, gateway, owner, ReadPause(100, give_away=lambda: None))
     client, upstream = FakeWriter(), FakeWriter()
     pump.client, pump.upstream = client, upstream
     return pump, owner, client, upstream, events
