@@ -33,6 +33,8 @@ import structlog
 from pamqp import commands, frame, header, heartbeat
 from pamqp.base import Frame
 
+from rabbitflow_broker.errors import OutsideError
+
 __all__ = ["BusError", "ControlBus"]
 
 _log = structlog.get_logger("rabbitflow.broker")
@@ -54,7 +56,7 @@ _OWNER_TAG = "owner"
 _MEMBER_TAG = "member"
 
 
-class BusError(Exception):
+class BusError(OutsideError):
     """The control bus connection failed or RabbitMQ refused it."""
 
 

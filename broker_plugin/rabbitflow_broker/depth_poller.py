@@ -28,6 +28,7 @@ from pamqp import commands, frame, header
 from pamqp.base import Frame
 
 from rabbitflow_broker.depth_source import DepthSources
+from rabbitflow_broker.errors import OutsideError
 from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["DeclareError", "Declared", "DepthPoll", "PassiveDeclarer"]
@@ -38,7 +39,7 @@ _NOT_FOUND = 404
 _FRAME_END = 0xCE
 
 
-class DeclareError(Exception):
+class DeclareError(OutsideError):
     """The connection for passive declares failed (it is reopened on next use)."""
 
 

@@ -15,6 +15,9 @@
     │   └── StoreTransitionError                store: the store-quota machine
     └── OutsideError                something outside the gateway failed: retry or report
         ├── PersistenceError                    persistence: thresholds not loaded or saved
+        ├── ManagementError                     upstream: the management API failed
+        ├── DeclareError                        depth_poller: a passive declare failed
+        ├── BusError                            cluster_bus: the cluster's control connection
         └── NodeError (RuntimeError)            rabbitmq_node: a throwaway node
 
 Each class stays importable from the module named beside it; this module

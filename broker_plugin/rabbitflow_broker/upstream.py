@@ -25,6 +25,8 @@ from urllib.parse import quote
 
 import aiohttp
 
+from rabbitflow_broker.errors import OutsideError
+
 __all__ = ["ManagementClient", "ManagementError", "QueueStatistics"]
 
 _Items = list[Mapping[str, Any]]
@@ -41,7 +43,7 @@ class QueueStatistics(NamedTuple):
     unacked: object
 
 
-class ManagementError(Exception):
+class ManagementError(OutsideError):
     """The management API failed or answered with an error status."""
 
 
