@@ -219,6 +219,20 @@ def print_summary(results: list[tuple[Result, list[float]]]) -> bool:
     return ok
 
 
+def _forget_cluster(url: str, name: str) -> None:
+    """Delete the cluster's owner queue and exchange (durable: kept across restarts)."""
+    import pika
+
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+        connection = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            channel = connection.channel()
+            channel.queue_delete(f"rabbitflow.cluster.{name}.owner")
+            channel.exchange_delete(f"rabbitflow.cluster.{name}")
+        finally:
+            connection.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=50_000, help="per workload (50000)")
@@ -256,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with contextlib.ExitStack() as stack:
         single = stack.enter_context(GatewayProcess(args.url, args.management_url))
+        stack.callback(_forget_cluster, args.url, name)  # after the members have stopped
         members = [
             stack.enter_context(
                 GatewayProcess(args.url, args.management_url, extra_args=cluster_args)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import math
 import os
 import secrets
@@ -43,6 +44,7 @@ from rabbitflow_broker.cluster_bus import BusError, ControlBus
 from rabbitflow_broker.flow import Thresholds
 
 if TYPE_CHECKING:
+    from rabbitflow_broker.config import GatewayConfig
     from rabbitflow_broker.gateway import Gateway
 
 __all__ = ["ClusterNode", "member_id"]
@@ -116,6 +118,49 @@ class ClusterNode:
             on_lost=self._lost,
         )
         self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def for_gateway(
+        cls,
+        gateway: Gateway,
+        config: GatewayConfig,
+        *,
+        name: str,
+        describe: Callable[[], dict[str, int]],
+        refresh_routing: Callable[[], Awaitable[bool]],
+    ) -> ClusterNode:
+        """A new member for this gateway's hub, joined to it.  ``describe``
+        gives the ports the gateway listens on (known once it listens)."""
+        user, password = config.upstream_credentials
+        started = dt.datetime.now(dt.UTC).isoformat()
+        host = socket.gethostname()
+
+        def description() -> dict[str, Any]:
+            ports = describe()
+            listen = config.listen_address
+            return {
+                "host": host,
+                "pid": os.getpid(),
+                "listen": None if listen is None else f"{listen[0]}:{ports['listen_port']}",
+                "admin": f"{config.admin_address[0]}:{ports['admin_port']}",
+                "connections": len(gateway.connections),
+                "since": started,
+            }
+
+        node = cls(
+            gateway,
+            name=name,
+            member=member_id(),
+            batch=config.cluster_batch,
+            lease=config.cluster_lease / 1000,
+            nodes=config.upstream_addresses,
+            user=user,
+            password=password,
+            describe=description,
+            refresh_routing=refresh_routing,
+        )
+        gateway.join_cluster(node)
+        return node
 
     # -- the hub's side (ClusterLink) ------------------------------------------------
 

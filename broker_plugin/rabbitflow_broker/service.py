@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, Literal
 
 import structlog
@@ -32,7 +31,7 @@ import tenacity
 from aiohttp import web
 
 from rabbitflow_broker import accel
-from rabbitflow_broker.cluster_node import ClusterNode, member_id
+from rabbitflow_broker.cluster_node import ClusterNode
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.depth_poller import DepthPoll, PassiveDeclarer
 from rabbitflow_broker.depth_source import DepthSources, queue_type
@@ -75,6 +74,10 @@ _log = structlog.get_logger("rabbitflow.broker")
 OUTAGE_REMINDER_S = 30.0
 #: Seconds start-up waits for the first routing snapshot before listening anyway.
 STARTUP_GRACE_S = 0.5
+
+
+#: Seconds each step of stopping may take before the next goes on.
+_STOP_STEP_S = 5.0
 
 
 class OutageLog:
@@ -165,45 +168,21 @@ class GatewayService:
         self.port = 0
         self.tls_port = 0
         self.admin_port = 0
-        self._started_at = time.time()
         #: This gateway as a cluster member (None: standalone).
         self.cluster: ClusterNode | None = None
         if config.cluster:
             self.cluster = self._cluster_node(config.cluster)
 
     def _cluster_node(self, name: str) -> ClusterNode:
-        member = member_id()
-        self.sink.gateway = member
-        user, password = self.config.upstream_credentials
-        node = ClusterNode(
+        node = ClusterNode.for_gateway(
             self.gateway,
+            self.config,
             name=name,
-            member=member,
-            batch=self.config.cluster_batch,
-            lease=self.config.cluster_lease / 1000,
-            nodes=self.config.upstream_addresses,
-            user=user,
-            password=password,
-            describe=self._describe_member,
+            describe=lambda: {"listen_port": self.port, "admin_port": self.admin_port},
             refresh_routing=self.refresh_routing,
         )
-        self.gateway.join_cluster(node)
+        self.sink.gateway = node.member
         return node
-
-    def _describe_member(self) -> dict[str, Any]:
-        import os
-        import socket
-
-        admin_host = self.config.admin_address[0]
-        listen = self.config.listen_address
-        return {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "listen": None if listen is None else f"{listen[0]}:{self.port}",
-            "admin": f"{admin_host}:{self.admin_port}",
-            "connections": len(self.gateway.connections),
-            "since": dt.datetime.fromtimestamp(self._started_at, dt.UTC).isoformat(),
-        }
 
     async def start(self) -> None:
         """Open the listeners and the admin API at once; load state in the background.
@@ -361,21 +340,34 @@ class GatewayService:
             for waiter in pending:
                 waiter.cancel()
         pending_work: list[asyncio.Future[Any]] = [*self._tasks, *self._background]
-        for work in pending_work:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
+        if pending_work:
+            _finished, stuck = await asyncio.wait(pending_work, timeout=_STOP_STEP_S)
+            if stuck:
+                _log.warning(
+                    "gateway stopping: tasks still running", tasks=len(stuck), after_s=_STOP_STEP_S
+                )
         for server in (self._server, self._tls_server):
             if server is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(server.wait_closed(), 2)
-        await self.depth_poll.close()
+        # Each step is bounded: RabbitMQ or a client that stopped answering
+        # must not keep the gateway from ending.
+        await self._stop_step("depth poll", self.depth_poll.close())
         if self.cluster is not None:
-            await self.cluster.stop()
+            await self._stop_step("cluster", self.cluster.stop())
         if self._admin is not None:
-            await self._admin.cleanup()
-        await self.management.close()
+            await self._stop_step("admin API", self._admin.cleanup())
+        await self._stop_step("management client", self.management.close())
         if self._owns_sink:
             self.sink.close()
+
+    async def _stop_step(self, what: str, step: Coroutine[Any, Any, None]) -> None:
+        try:
+            await asyncio.wait_for(step, _STOP_STEP_S)
+        except TimeoutError:
+            _log.warning("gateway stopping: step timed out", step=what, after_s=_STOP_STEP_S)
+        except Exception as exc:  # stopping goes on whatever one step does
+            _log.warning("gateway stopping: step failed", step=what, error=repr(exc))
 
     def reload_tls(self) -> bool:
         """Reload ``--tls-cert``/``--tls-key``/``--tls-client-ca`` (SIGHUP).

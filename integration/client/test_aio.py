@@ -19,6 +19,7 @@ suspends tasks, never the loop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import statistics
 import threading
@@ -206,6 +207,11 @@ class _Phase:
     """A ticker running while one phase of the test runs."""
 
     async def __aenter__(self) -> _Phase:
+        # The test worker's heap holds what earlier tests left: a full
+        # collection of it (100 ms and more late in a run) is the worker's,
+        # not the driver's.  Frozen, collections see only what this phase makes.
+        gc.collect()
+        gc.freeze()
         self._ticker = _Ticker()
         self._task = asyncio.create_task(self._ticker.run())
         return self
@@ -213,6 +219,7 @@ class _Phase:
     async def __aexit__(self, *_exc: object) -> None:
         self._ticker.stop()
         await self._task
+        gc.unfreeze()
         self.lags = (self._ticker.lags, self._ticker.own_lags)
 
 

@@ -129,3 +129,20 @@ class Member:
 
 def cluster_name() -> str:
     return f"rf-test-{uuid.uuid4().hex[:8]}"
+
+
+def forget_cluster(broker: Broker, cluster: str) -> None:
+    """Delete a cluster's objects in RabbitMQ once its members are gone (the
+    owner queue is durable: a cluster keeps it across restarts)."""
+    import contextlib
+
+    import pika
+
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url.split(",")[0]))
+        try:
+            channel = connection.channel()
+            channel.queue_delete(f"rabbitflow.cluster.{cluster}.owner")
+            channel.exchange_delete(f"rabbitflow.cluster.{cluster}")
+        finally:
+            connection.close()

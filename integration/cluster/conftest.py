@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from integration.cluster._members import Member, cluster_name
+from integration.cluster._members import Member, cluster_name, forget_cluster
 from integration.conftest import Broker
 
 
@@ -17,9 +17,11 @@ from integration.conftest import Broker
 def cluster_members(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., list[Member]]]:
     """``start(n, **options)``: n members of a new cluster, started and ready."""
     started: list[Member] = []
+    names: list[str] = []
 
     def start(n: int, **options: Any) -> list[Member]:
         name = cluster_name()
+        names.append(name)
         members = []
         for _ in range(n):
             member = Member(broker, tmp_path, name, len(started), **options)
@@ -31,6 +33,8 @@ def cluster_members(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., li
     for member in started:
         with contextlib.suppress(Exception):
             member.stop()
+    for name in names:
+        forget_cluster(broker, name)
     for member in started:
         # Shown by pytest only for a failing test.
         print(f"--- member {member.index} log ---\n{member.log()[-6000:]}")

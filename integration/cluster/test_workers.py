@@ -29,7 +29,7 @@ import pytest
 from integration.broker._depth import DepthWatcher
 from integration.broker._producers import WindowProducer
 from integration.broker.conftest import wait_for
-from integration.cluster._members import cluster_name
+from integration.cluster._members import cluster_name, forget_cluster
 from integration.conftest import Broker
 from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
 
@@ -172,6 +172,7 @@ def workers(broker: Broker, tmp_path: Path) -> Iterator[Workers]:
     running = Workers(broker, tmp_path, WORKERS).start()
     yield running
     running.stop()
+    forget_cluster(broker, running.cluster)
     # Shown by pytest only for a failing test.
     print(f"--- supervisor and workers log ---\n{running.log()[-8000:]}")
 
