@@ -46,6 +46,7 @@ from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.read_pause import OFF, ReadPause
 from rabbitflow_broker.refresher import Refresher
 from rabbitflow_broker.relay_pump import Pump
+from rabbitflow_broker.service_io import DescriptorWatch
 
 __all__ = ["PAUSE_BYTES", "PAUSE_MESSAGES", "WRITE_HIGH_WATER", "Connector", "Relay"]
 
@@ -81,8 +82,10 @@ class Relay(EngineViews, asyncio.Protocol):
         upstream_ssl: ssl.SSLContext | None = None,
         upstream_server_hostname: str | None = None,
         read_pause: ReadPause = OFF,
+        descriptors: DescriptorWatch | None = None,
     ) -> None:
         self.gateway = gateway
+        self._descriptors = descriptors
         self._on_closed = on_closed
         self._connector = connector
         self._ssl = upstream_ssl
@@ -127,6 +130,8 @@ class Relay(EngineViews, asyncio.Protocol):
         self.engine.remote_host, self.engine.remote_port = str(host), int(port)
         self._log = _log.bind(connection=self.number, remote=f"{host}:{port}")
         client.set_write_buffer_limits(WRITE_HIGH_WATER, _WRITE_LOW_WATER)
+        if self._descriptors is not None:
+            self._descriptors.opened(client)
         # Kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11.
         loop = self._pump.loop = asyncio.get_running_loop()
         self._closed = loop.create_future()
@@ -234,6 +239,8 @@ class Relay(EngineViews, asyncio.Protocol):
     def _upstream_made(self, transport: asyncio.Transport) -> None:
         self._upstream = self._pump.upstream = transport
         transport.set_write_buffer_limits(_UPSTREAM_HIGH_WATER, _UPSTREAM_LOW_WATER)
+        if self._descriptors is not None:
+            self._descriptors.opened(transport)
         sock, option = transport.get_extra_info("socket"), getattr(socket, "TCP_NOTSENT_LOWAT", 0)
         if sock is not None and option:
             with contextlib.suppress(OSError):  # not TCP (a test's transport), or no such option

@@ -24,7 +24,7 @@ import contextlib
 import ssl
 import time
 from collections.abc import Coroutine, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 import tenacity
@@ -38,6 +38,7 @@ from rabbitflow_broker.depth_source import DepthSources, queue_type
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.gc_policy import CollectorPolicy
+from rabbitflow_broker.outage import OUTAGE_REMINDER_S, OutageLog
 from rabbitflow_broker.persistence import (
     FileThresholdStore,
     PersistenceError,
@@ -48,6 +49,7 @@ from rabbitflow_broker.read_pause import ReadPause
 from rabbitflow_broker.relay import Relay
 from rabbitflow_broker.routing import RoutingError, RoutingTable
 from rabbitflow_broker.service_io import (
+    DescriptorWatch,
     EventSink,
     disk_store_sizes,
     loop_exception_handler,
@@ -70,46 +72,12 @@ __all__ = [
 
 _log = structlog.get_logger("rabbitflow.broker")
 
-#: Seconds between "upstream still lost" reminders during an outage.
-OUTAGE_REMINDER_S = 30.0
 #: Seconds start-up waits for the first routing snapshot before listening anyway.
 STARTUP_GRACE_S = 0.5
 
 
 #: Seconds each step of stopping may take before the next goes on.
 _STOP_STEP_S = 5.0
-
-
-class OutageLog:
-    """When to say that RabbitMQ went away, is still away, or came back (pure).
-
-    ``failed(now)`` returns ``"lost"`` for the first failure of an outage,
-    ``"still lost"`` when the last line is at least ``reminder`` seconds
-    old, else None; ``succeeded(now)`` returns the outage's length in
-    seconds when it just ended, else None.
-    """
-
-    def __init__(self, *, reminder: float = OUTAGE_REMINDER_S) -> None:
-        self.reminder = reminder
-        self.down_since: float | None = None
-        self._said_at = 0.0
-
-    def failed(self, now: float) -> Literal["lost", "still lost"] | None:
-        """One failed exchange with RabbitMQ at ``now``."""
-        if self.down_since is None:
-            self.down_since = self._said_at = now
-            return "lost"
-        if now - self._said_at >= self.reminder:
-            self._said_at = now
-            return "still lost"
-        return None
-
-    def succeeded(self, now: float) -> float | None:
-        """One good exchange with RabbitMQ at ``now``."""
-        if self.down_since is None:
-            return None
-        outage, self.down_since = now - self.down_since, None
-        return outage
 
 
 def _policy(item: Mapping[str, Any]) -> Mapping[str, object]:
@@ -140,6 +108,8 @@ class GatewayService:
         self._owns_sink = sink is None
         self.gateway = Gateway(config, sink=self.sink)
         self.read_pause = ReadPause(config.read_pause_us)  # shared by every relay
+        # Names fd exhaustion, which uvloop drops silently.
+        self.descriptors = DescriptorWatch.of_this_process()
         user, password = config.management_credentials
         bases = config.management_bases
         self.management = ManagementClient(bases[0], user, password, more=bases[1:])
@@ -412,6 +382,7 @@ class GatewayService:
                 self.config.upstream_address[0] if self._upstream_ssl is not None else None
             ),
             read_pause=self.read_pause,
+            descriptors=self.descriptors,
         )
         self._relays.add(relay)
         return relay

@@ -2,10 +2,11 @@
 
 The TLS contexts of the client listener and of an ``amqps://`` upstream,
 the event loop's handler that names file-descriptor exhaustion (when the
-listeners cannot accept), the :class:`EventSink` that writes each event to
-the console and ``--event-log``, and the message store's size on disk for
-``--store-path``.  :mod:`rabbitflow_broker.service` uses and re-exports
-them.
+listeners cannot accept), the :class:`DescriptorWatch` that names it when
+the loop cannot (uvloop drops what it cannot accept without a word), the
+:class:`EventSink` that writes each event to the console and
+``--event-log``, and the message store's size on disk for ``--store-path``.
+:mod:`rabbitflow_broker.service` uses and re-exports them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import asyncio
 import contextlib
 import errno
 import json
+import math
 import os
+import resource
 import ssl
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import Event
 
 __all__ = [
+    "DescriptorWatch",
     "EventSink",
     "disk_store_sizes",
     "loop_exception_handler",
@@ -174,13 +178,53 @@ def disk_store_sizes(data_dir: str) -> dict[str, int]:
     return sizes
 
 
+_FD_MESSAGE = (
+    "too many open files: connections are not accepted until some close "
+    "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)"
+)
+
+
+class DescriptorWatch:
+    """Says "too many open files" when a socket took the last descriptor the process may open.
+
+    Linux hands out the lowest free descriptor, so a socket numbered
+    limit - 1 leaves none free: the next accept fails.  asyncio's own loop
+    reports that failure (:func:`loop_exception_handler`); uvloop's (libuv)
+    accepts and drops the client without a word, so the relay shows each
+    socket it opens or accepts here.  One line per ``quiet_s`` at most.
+    """
+
+    def __init__(self, limit: int | None, *, quiet_s: float = 10.0) -> None:
+        self.limit = limit  # None: no limit
+        self._quiet_s = quiet_s
+        self._said_at = -math.inf
+
+    @classmethod
+    def of_this_process(cls) -> DescriptorWatch:
+        """Watches this process's soft ``RLIMIT_NOFILE`` (as it is now)."""
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return cls(None if soft == resource.RLIM_INFINITY else soft)
+
+    def opened(self, transport: asyncio.BaseTransport) -> None:
+        """A socket was accepted or connected: say so if it was the last descriptor."""
+        if self.limit is None:
+            return
+        sock = transport.get_extra_info("socket")
+        number = sock.fileno() if sock is not None else -1
+        if number < self.limit - 1:
+            return
+        now = time.monotonic()
+        if now - self._said_at >= self._quiet_s:
+            self._said_at = now
+            _log.error(_FD_MESSAGE, limit=self.limit)
+
+
 def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
     """Say "too many open files" for fd exhaustion (accept errors too); else asyncio's default."""
     exc = context.get("exception")
     if isinstance(exc, OSError) and exc.errno in _FD_ERRNOS:
         _log.error(
-            "too many open files: connections are not accepted until some close "
-            "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)",
+            _FD_MESSAGE,
             error=str(exc),
             context=str(context.get("message", "")),
         )

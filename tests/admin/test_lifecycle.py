@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from rabbitflow_broker.flow import Thresholds
 from rabbitflow_broker.persistence import FileThresholdStore
 from rabbitflow_broker.service import GatewayService, OutageLog, loop_exception_handler
+from rabbitflow_broker.service_io import DescriptorWatch
 from tests.admin.conftest import Serve
 
 JSON = {"Content-Type": "application/json"}
@@ -180,3 +181,30 @@ def test_accept_failing_for_lack_of_file_descriptors_is_logged_as_such() -> None
         "too many open files: connections are not accepted until some close "
         "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)"
     ]
+
+
+class _SocketTransport(asyncio.BaseTransport):
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self._sock if name == "socket" else default
+
+
+def test_the_socket_that_takes_the_last_descriptor_is_named_once_per_quiet_period() -> None:
+    """uvloop drops a client it cannot accept without a word: the relay shows
+    the watch each socket, and the one numbered limit - 1 (the lowest free
+    number is always taken, so none is left) is logged."""
+    with socket.socket() as low, socket.socket() as high:
+        watch = DescriptorWatch(limit=high.fileno() + 1, quiet_s=3600)
+        with capture_logs() as logs:
+            watch.opened(_SocketTransport(low))  # a descriptor above it is still free
+            watch.opened(_SocketTransport(high))  # the last one
+            watch.opened(_SocketTransport(high))  # within the quiet period
+        assert [(entry["event"].split(":")[0], entry["limit"]) for entry in logs] == [
+            ("too many open files", high.fileno() + 1)
+        ]
+        with capture_logs() as unlimited:
+            DescriptorWatch(limit=None).opened(_SocketTransport(high))
+        assert unlimited == []
