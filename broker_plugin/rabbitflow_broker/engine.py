@@ -419,10 +419,6 @@ class Engine(Connection, Session):
         """The open channel ``number`` (0: None)."""
         return self.channels.get(number) if number else None
 
-    def stash(self, number: int) -> list[bytes] | None:
-        """Frames waiting for RabbitMQ to close channel ``number`` (None: not closing)."""
-        return self.upstream_closing.get(number) if number else None
-
     def open_channel(self, number: int) -> None:
         """The client opened channel ``number``."""
         self.channels[number] = Channel(self, number)

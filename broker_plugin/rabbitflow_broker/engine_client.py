@@ -62,6 +62,10 @@ class Session:
     pause: Pause
     #: Bytes for RabbitMQ, in order.
     up: Out
+    #: The open channels by number (the scan reads it in place of :meth:`channel`).
+    channels: dict[int, Channel]
+    #: Frames waiting for RabbitMQ to close a channel, by number.
+    upstream_closing: dict[int, list[bytes]]
 
     def send_client(self, channel: int, frame: bytes) -> None:
         """A frame of the gateway's own for the client."""
@@ -69,10 +73,6 @@ class Session:
 
     def channel(self, number: int) -> Channel | None:
         """The open channel ``number`` (0: None)."""
-        raise NotImplementedError
-
-    def stash(self, number: int) -> list[bytes] | None:
-        """Frames waiting for RabbitMQ to close channel ``number`` (None: not closing)."""
         raise NotImplementedError
 
     def open_channel(self, number: int) -> None:
@@ -216,10 +216,10 @@ class FromClient:
 
     def _scan_client(self, conn: Session, buf: bytes, pos: int) -> int:
         """Handle the complete frames of ``buf`` from ``pos``; returns where it stopped."""
-        inbound = self.inbound
-        size_all = len(buf)
-        up = conn.up
-        pause = conn.pause
+        inbound, size_all = self.inbound, len(buf)
+        up, pause = conn.up, conn.pause
+        channels, closing = conn.channels, conn.upstream_closing  # lookups, not trait calls
+        expect_header, remaining = inbound.expect_header, inbound.remaining
         while size_all - pos >= 7:
             kind = buf[pos]
             number = u16(buf, pos + 1)
@@ -236,7 +236,7 @@ class FromClient:
             if buf[end - 1] != 0xCE:
                 conn.refuse(FRAME_ERROR, "frame does not end with 0xCE")
                 return pos
-            channel = conn.channel(number)
+            channel = channels.get(number) if number else None
             if kind == FRAME_METHOD and size >= 4:
                 method = u32(buf, pos + 7)
                 if (
@@ -245,8 +245,9 @@ class FromClient:
                     and channel is not None
                     and not channel.closed_by_gateway
                     and pause.stop_after is None
-                    and conn.stash(number) is None
-                    and not inbound.mid_content(number)
+                    and number not in closing
+                    and number not in expect_header
+                    and number not in remaining
                 ):
                     channel.acked(u64(buf, pos + 11), bool(buf[pos + 19] & 1))
                     up.keep(buf, pos, end)
@@ -257,7 +258,7 @@ class FromClient:
                     and channel is not None
                     and not channel.blockers
                     and not channel.closed_by_gateway
-                    and conn.stash(number) is None
+                    and number not in closing
                 ):
                     unit_end = self._publish_unit(conn, channel, buf, pos, end)
                     if unit_end > 0:
@@ -280,12 +281,10 @@ class FromClient:
                 return pos
             if mode is not RELAYING:  # closed meanwhile: the rest goes nowhere
                 return size_all
-            if keep:
-                stash = conn.stash(number)
-                if stash is None:
-                    up.keep(buf, pos, end)
-                else:
-                    stash.append(bytes(buf[pos:end]))
+            if keep and number in closing:  # RabbitMQ is closing the channel: held
+                closing[number].append(bytes(buf[pos:end]))
+            elif keep:
+                up.keep(buf, pos, end)
             pos = end
             if pause.stop_after is not None and not inbound.mid_content(pause.stop_after):
                 pause.halted = True
