@@ -51,15 +51,12 @@ import pika.exceptions
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, payload, queue_depth, scratch_queue
+from bench._common import DEFAULT_URL, queue_depth, scratch_queue
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
     broker_pid,
-    consume,
     process_cpu_seconds,
-    publish_no_confirms,
-    publish_window,
 )
 from bench.gateway_overhead import (
     DIRECT,
@@ -68,8 +65,8 @@ from bench.gateway_overhead import (
     Result,
     Workload,
     _loadavg,
-    _prefill,
     _record,
+    standard_workloads,
 )
 
 SINGLE = "single"
@@ -260,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown --workload {unknown}; choose from {list(WORKLOADS)}")
     n = args.messages
     latency_n = args.latency_messages or max(1000, n // 10)
-    small, large = payload(256), payload(4096)
     parts = urlsplit(args.url)
     broker = broker_pid(
         args.management_url, unquote(parts.username or "guest"), unquote(parts.password or "guest")
@@ -299,29 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             f"median kept; load average at the start: {_loadavg()}"
         )
 
-        def window(body: bytes, size: int, width: int) -> Workload:
-            return Workload(lambda url, queue: publish_window(url, queue, body, size, width))
-
-        def no_confirms(url: str, queue: str) -> tuple[float, list[float] | None]:
-            return publish_no_confirms(url, queue, small, n), None
-
-        def consumer(url: str, queue: str) -> tuple[float, list[float] | None]:
-            return consume(url, queue, n, 100), None
-
-        workloads: list[tuple[Result, Workload]] = [
-            (Result("confirms w100 256B", n, expect_depth=n), window(small, n, 100)),
-            (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n, 100)),
-            (
-                Result("confirms w1 256B", latency_n, latency_only=True, expect_depth=latency_n),
-                window(small, latency_n, 1),
-            ),
-            (Result("no confirms 256B", n, expect_depth=n + 1), Workload(no_confirms)),
-            (
-                Result("consume prefetch100", n),
-                Workload(consumer, prepare=lambda queue: _prefill(args.url, queue, small, n)),
-            ),
-        ]
-        assert [result.name for result, _ in workloads] == list(WORKLOADS)
+        workloads = standard_workloads(args.url, n, latency_n)
         if args.workload:
             workloads = [(r, w) for r, w in workloads if r.name in args.workload]
         results: list[tuple[Result, list[float]]] = []

@@ -275,6 +275,37 @@ WORKLOADS = (
 """The workloads in the order they run; ``--workload`` picks among these names."""
 
 
+def standard_workloads(url: str, n: int, latency_n: int) -> list[tuple[Result, Workload]]:
+    """The workloads of :data:`WORKLOADS`, in order: ``n`` messages each
+    (``latency_n`` at window 1); the consumer's queue is filled from ``url``."""
+    small, large = payload(256), payload(4096)
+
+    def window(body: bytes, size: int, width: int) -> Workload:
+        return Workload(lambda url, queue: publish_window(url, queue, body, size, width))
+
+    def no_confirms(url: str, queue: str) -> tuple[float, list[float] | None]:
+        return publish_no_confirms(url, queue, small, n), None
+
+    def consumer(url: str, queue: str) -> tuple[float, list[float] | None]:
+        return consume(url, queue, n, 100), None
+
+    workloads: list[tuple[Result, Workload]] = [
+        (Result("confirms w100 256B", n, expect_depth=n), window(small, n, 100)),
+        (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n, 100)),
+        (
+            Result("confirms w1 256B", latency_n, latency_only=True, expect_depth=latency_n),
+            window(small, latency_n, 1),
+        ),
+        (Result("no confirms 256B", n, expect_depth=n + 1), Workload(no_confirms)),
+        (
+            Result("consume prefetch100", n),
+            Workload(consumer, prepare=lambda queue: _prefill(url, queue, small, n)),
+        ),
+    ]
+    assert [result.name for result, _ in workloads] == list(WORKLOADS)
+    return workloads
+
+
 def print_summary(workloads: list[tuple[Result, Workload]], gateways: list[str]) -> dict[str, bool]:
     """Print the medians per workload and gateway; return whether each gateway meets the targets."""
     verdicts: dict[str, bool] = {}
@@ -386,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--profile takes one gateway")
     n = args.messages
     latency_n = args.latency_messages or max(1000, n // 10)
-    small, large = payload(256), payload(4096)
     parts = urlsplit(args.url)
     broker = broker_pid(
         args.management_url, unquote(parts.username or "guest"), unquote(parts.password or "guest")
@@ -419,29 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         meter = CpuMeter(broker, pids)
 
-        def window(body: bytes, size: int, width: int) -> Workload:
-            return Workload(lambda url, queue: publish_window(url, queue, body, size, width))
-
-        def no_confirms(url: str, queue: str) -> tuple[float, list[float] | None]:
-            return publish_no_confirms(url, queue, small, n), None
-
-        def consumer(url: str, queue: str) -> tuple[float, list[float] | None]:
-            return consume(url, queue, n, 100), None
-
-        workloads: list[tuple[Result, Workload]] = [
-            (Result("confirms w100 256B", n, expect_depth=n), window(small, n, 100)),
-            (Result("confirms w100 4KiB", n, expect_depth=n), window(large, n, 100)),
-            (
-                Result("confirms w1 256B", latency_n, latency_only=True, expect_depth=latency_n),
-                window(small, latency_n, 1),
-            ),
-            (Result("no confirms 256B", n, expect_depth=n + 1), Workload(no_confirms)),
-            (
-                Result("consume prefetch100", n),
-                Workload(consumer, prepare=lambda queue: _prefill(args.url, queue, small, n)),
-            ),
-        ]
-        assert [result.name for result, _ in workloads] == list(WORKLOADS)
+        workloads = standard_workloads(args.url, n, latency_n)
         if args.workload:
             workloads = [(r, w) for r, w in workloads if r.name in args.workload]
         for result, workload in workloads:
