@@ -195,3 +195,15 @@ def cleanup_queues(broker: Broker) -> Iterator[list[str]]:
                     channel.close()
         finally:
             connection.close()
+
+
+@pytest.fixture
+def new_queue(unique_name: Callable[[str], str], cleanup_queues: list[str]) -> Callable[[str], str]:
+    """A queue name unique to the test (``prefix`` first), deleted after it."""
+
+    def make(prefix: str = "q") -> str:
+        name = unique_name(prefix)
+        cleanup_queues.append(name)
+        return name
+
+    return make

@@ -23,6 +23,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _PUBLISH = (60, 40)
@@ -107,7 +108,7 @@ class _Frames:
 class FaultProxy:
     """Relays 127.0.0.1:<port> to ``upstream``, cutting connections per ``plan``."""
 
-    def __init__(self, upstream: tuple[str, int], plan: list[Cut | None] | None = None) -> None:
+    def __init__(self, upstream: tuple[str, int], plan: Sequence[Cut | None] | None = None) -> None:
         self._upstream = upstream
         self._plan = list(plan or [])
         self._server = socket.create_server(("127.0.0.1", 0))

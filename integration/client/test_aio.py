@@ -67,13 +67,11 @@ async def _until(predicate: Callable[[], bool], timeout: float, what: str) -> No
 @pytest.mark.asyncio
 async def test_every_task_times_out_on_a_full_reject_publish_queue_then_nacked_ones_are_resent(
     broker: Broker,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
-    name = unique_name("aio-reject")
-    cleanup_queues.append(name)
+    name = new_queue("aio-reject")
     _full_reject_publish_queue(broker.url, name, 10)
     tasks = 20
     factory = aio.ConnectionFactory(broker.url, properties=FAST)
@@ -137,10 +135,9 @@ async def test_every_task_times_out_on_a_full_reject_publish_queue_then_nacked_o
 
 @pytest.mark.asyncio
 async def test_cancelling_a_task_blocked_in_send_leaves_the_message_unsent(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    name = unique_name("aio-cancel")
-    cleanup_queues.append(name)
+    name = new_queue("aio-cancel")
     _full_reject_publish_queue(broker.url, name, 1)
     factory = aio.ConnectionFactory(
         broker.url, properties={"qpid.flow_control_wait_failure": 60000}
@@ -225,10 +222,9 @@ class _Phase:
 
 @pytest.mark.asyncio
 async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    blocked_name, busy_name = unique_name("aio-lag-blocked"), unique_name("aio-lag-busy")
-    cleanup_queues += [blocked_name, busy_name]
+    blocked_name, busy_name = new_queue("aio-lag-blocked"), new_queue("aio-lag-busy")
     _full_reject_publish_queue(broker.url, blocked_name, 1)
     factory = aio.ConnectionFactory(
         broker.url, properties={"qpid.flow_control_wait_failure": 60000}
@@ -355,13 +351,11 @@ class _DepthSampler(threading.Thread):
 async def test_gateway_flow_holds_twenty_tasks_sharing_a_connection(
     broker: Broker,
     gateway_url: str,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
-    name = unique_name("aio-gw")
-    cleanup_queues.append(name)
+    name = new_queue("aio-gw")
     stop, resume, capacity, tasks, each = 50, 25, 5, 20, 30
     declarer = _gateway_connection(gateway_url)
     declarer.channel().queue_declare(
@@ -421,10 +415,9 @@ async def test_gateway_flow_holds_twenty_tasks_sharing_a_connection(
 
 @pytest.mark.asyncio
 async def test_async_for_under_the_consumer_flow_limit_exactly_once_in_order(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    name = unique_name("aio-consume")
-    cleanup_queues.append(name)
+    name = new_queue("aio-consume")
     limit, producers_n, each = 20, 3, 300
     factory = aio.ConnectionFactory(broker.url, properties={"imqConsumerFlowLimit": limit})
     async with await factory.create_connection() as connection:
@@ -458,10 +451,9 @@ async def test_async_for_under_the_consumer_flow_limit_exactly_once_in_order(
 
 @pytest.mark.asyncio
 async def test_client_acknowledge_on_asyncio(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    name = unique_name("aio-clientack")
-    cleanup_queues.append(name)
+    name = new_queue("aio-clientack")
     declare_queue(broker.url, name)
     publish_bodies(broker.url, name, [b"1", b"2", b"3"])
     factory = aio.ConnectionFactory(broker.url)
@@ -480,10 +472,9 @@ async def test_client_acknowledge_on_asyncio(
 
 @pytest.mark.asyncio
 async def test_the_connection_flow_limit_is_one_total_for_its_consumers(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    names = [unique_name("aio-connlimit-a"), unique_name("aio-connlimit-b")]
-    cleanup_queues.extend(names)
+    names = [new_queue("aio-connlimit-a"), new_queue("aio-connlimit-b")]
     each, total_limit = 400, 30
     for name in names:
         declare_queue(broker.url, name)

@@ -85,10 +85,9 @@ PLANS: dict[str, list[Cut | None]] = {
 @pytest.mark.asyncio
 @pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
 async def test_tasks_lose_nothing_across_connection_cuts(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str], plan: str
+    broker: Broker, new_queue: Callable[[str], str], plan: str
 ) -> None:
-    queues = [unique_name(f"aio-cut{n}") for n in range(3)]
-    cleanup_queues.extend(queues)
+    queues = [new_queue(f"aio-cut{n}") for n in range(3)]
     for name in queues:
         declare_queue(broker.url, name)
     count = 3000

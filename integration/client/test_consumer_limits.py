@@ -95,10 +95,9 @@ def _consume(
 
 
 def test_slow_listener_never_has_more_than_the_consumer_limit_unprocessed(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("climit")
-    cleanup_queues.append(queue)
+    queue = new_queue("climit")
     _preload(broker.url, queue, 200)
 
     ledger, _events = _consume(
@@ -113,10 +112,9 @@ def test_slow_listener_never_has_more_than_the_consumer_limit_unprocessed(
 
 
 def test_slow_listener_is_refilled_in_batches_of_half_to_all_of_the_limit(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("cbatch")
-    cleanup_queues.append(queue)
+    queue = new_queue("cbatch")
     _preload(broker.url, queue, 200)
 
     _ledger, events = _consume(
@@ -134,10 +132,9 @@ def test_slow_listener_is_refilled_in_batches_of_half_to_all_of_the_limit(
 
 
 def test_connection_limit_caps_what_all_consumers_have_buffered(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queues = [unique_name(f"conn{i}") for i in range(3)]
-    cleanup_queues.extend(queues)
+    queues = [new_queue(f"conn{i}") for i in range(3)]
     for queue in queues:
         _preload(broker.url, queue, 60)
 
@@ -153,10 +150,9 @@ def test_connection_limit_caps_what_all_consumers_have_buffered(
 
 
 def test_connection_limit_is_one_total_a_busy_consumer_may_fill(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    busy, idle = unique_name("cbusy"), unique_name("cidle")
-    cleanup_queues.extend([busy, idle])
+    busy, idle = new_queue("cbusy"), new_queue("cidle")
     _preload(broker.url, busy, 600)
     declare_queue(broker.url, idle)
 

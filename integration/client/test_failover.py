@@ -74,10 +74,9 @@ def _urls(pair: list[GatewayProcess]) -> list[str]:
 
 
 @pytest.fixture
-def queue(broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]) -> str:
+def queue(broker: Broker, new_queue: Callable[[str], str]) -> str:
     require_management(broker, pytest.fail)
-    name = unique_name("failover")
-    cleanup_queues.append(name)
+    name = new_queue("failover")
     declare_queue(broker.url, name)
     return name
 

@@ -11,10 +11,9 @@ from ._support import AmqpTap, declare_queue, delivery_batches, drain, numbers, 
 
 
 def test_tap_splits_deliveries_into_the_batches_acks_ask_for(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("tap")
-    cleanup_queues.append(queue)
+    queue = new_queue("tap")
     declare_queue(broker.url, queue)
     publish_bodies(broker.url, queue, (str(n).encode() for n in range(1, 21)))
 

@@ -80,10 +80,9 @@ def _send_until_timeout(
 
 
 def test_rabbitflow_opts_sets_the_wait_failure(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("opts")
-    cleanup_queues.append(queue)
+    queue = new_queue("opts")
     _full_queue(broker.url, queue)
 
     result = _send_until_timeout(broker.url, queue, "-Dqpid.flow_control_wait_failure=2000")
@@ -96,10 +95,9 @@ def test_rabbitflow_opts_sets_the_wait_failure(
 
 
 def test_factory_property_overrides_rabbitflow_opts(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("override")
-    cleanup_queues.append(queue)
+    queue = new_queue("override")
     _full_queue(broker.url, queue)
 
     result = _send_until_timeout(
@@ -117,10 +115,9 @@ def test_factory_property_overrides_rabbitflow_opts(
 
 
 def test_system_properties_override_rabbitflow_opts(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("sysprops")
-    cleanup_queues.append(queue)
+    queue = new_queue("sysprops")
     _full_queue(broker.url, queue)
 
     result = _send_until_timeout(

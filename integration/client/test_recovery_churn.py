@@ -50,15 +50,13 @@ def _client_threads(name: str) -> list[str]:
 @pytest.mark.slow
 def test_recoveries_leave_no_growing_set_of_transports_or_threads(
     broker: Broker,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # pika's debug records carry its connection objects: captured, they
     # would keep every transport alive.
     caplog.set_level(logging.WARNING, logger="pika")
-    queue = unique_name("churnsdk")
-    cleanup_queues.append(queue)
+    queue = new_queue("churnsdk")
     declare_queue(broker.url, queue)
     samples: list[tuple[int, int, int, int]] = []  # recoveries, transports, channels, threads
     with FaultProxy((broker.host, broker.port)) as proxy:

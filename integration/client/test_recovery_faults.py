@@ -48,11 +48,8 @@ PLANS = {
 
 
 @pytest.fixture
-def queues(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
-) -> list[str]:
-    names = [unique_name(f"fault{n}") for n in range(SESSIONS)]
-    cleanup_queues.extend(names)
+def queues(broker: Broker, new_queue: Callable[[str], str]) -> list[str]:
+    names = [new_queue(f"fault{n}") for n in range(SESSIONS)]
     for name in names:
         declare_queue(broker.url, name)
     return names
@@ -116,11 +113,8 @@ def test_every_accepted_send_arrives_in_order_across_cuts(
 
 
 @pytest.fixture
-def loaded_queue(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
-) -> str:
-    name = unique_name("faultc")
-    cleanup_queues.append(name)
+def loaded_queue(broker: Broker, new_queue: Callable[[str], str]) -> str:
+    name = new_queue("faultc")
     declare_queue(broker.url, name)
     publish_bodies(broker.url, name, (str(n).encode() for n in range(1, 501)))
     return name

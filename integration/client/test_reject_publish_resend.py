@@ -31,10 +31,9 @@ LENGTH = 10
 
 @pytest.mark.parametrize("attempt", [1, 2, 3])
 def test_every_accepted_nacked_message_is_resent_after_the_queue_drains(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str], attempt: int
+    broker: Broker, new_queue: Callable[[str], str], attempt: int
 ) -> None:
-    name = unique_name(f"rp-resend{attempt}")
-    cleanup_queues.append(name)
+    name = new_queue(f"rp-resend{attempt}")
     declare_queue(broker.url, name, {"x-max-length": LENGTH, "x-overflow": "reject-publish"})
     publish_bodies(broker.url, name, [b"filler"] * LENGTH)
     factory = rabbitflow.ConnectionFactory(

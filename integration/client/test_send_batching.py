@@ -19,13 +19,11 @@ from ._support import CLIENT_LOGGER, declare_queue, drain, numbers
 
 def test_a_send_whose_confirms_never_come_times_out(
     broker: Broker,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
-    queue = unique_name("noconfirm")
-    cleanup_queues.append(queue)
+    queue = new_queue("noconfirm")
     declare_queue(broker.url, queue)
     with FaultProxy((broker.host, broker.port), [Cut.drop_confirms()]) as proxy:
         factory = rabbitflow.ConnectionFactory(
@@ -56,10 +54,9 @@ def test_a_send_whose_confirms_never_come_times_out(
 
 
 def test_a_cut_in_the_middle_of_a_batch_loses_and_reorders_nothing(
-    broker: Broker, unique_name: Callable[[str], str], cleanup_queues: list[str]
+    broker: Broker, new_queue: Callable[[str], str]
 ) -> None:
-    queue = unique_name("midbatch")
-    cleanup_queues.append(queue)
+    queue = new_queue("midbatch")
     declare_queue(broker.url, queue)
     with FaultProxy((broker.host, broker.port), [Cut.inside_a_batch_after(2050)]) as proxy:
         factory = rabbitflow.ConnectionFactory(

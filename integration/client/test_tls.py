@@ -40,11 +40,9 @@ def test_producer_sends_over_tls_with_the_ca_file_property(
     broker: Broker,
     tls_proxy: TlsProxy,
     test_ca: ThrowawayCA,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
-    queue = unique_name("tls")
-    cleanup_queues.append(queue)
+    queue = new_queue("tls")
     factory = rabbitflow.ConnectionFactory(
         tls_proxy.url(), properties={"rabbitflow.ssl.ca_file": str(test_ca.ca_file)}
     )
@@ -56,11 +54,9 @@ def test_producer_sends_over_tls_with_an_ssl_context(
     broker: Broker,
     tls_proxy: TlsProxy,
     test_ca: ThrowawayCA,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
-    queue = unique_name("tlsctx")
-    cleanup_queues.append(queue)
+    queue = new_queue("tlsctx")
     context = ssl.create_default_context(cafile=str(test_ca.ca_file))
     _send(rabbitflow.ConnectionFactory(tls_proxy.url(), ssl_context=context), queue, 50)
     assert numbers(drain(broker.url, queue)) == list(range(1, 51))

@@ -31,13 +31,11 @@ def _wait_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 def test_a_full_window_never_reports_flow_control(
     broker: Broker,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
-    name = unique_name("wf0")
-    cleanup_queues.append(name)
+    name = new_queue("wf0")
     factory = rabbitflow.ConnectionFactory(
         broker.url, properties={"qpid.flow_control_wait_failure": 0}
     )
@@ -57,13 +55,11 @@ def test_a_full_window_never_reports_flow_control(
 def test_a_flowed_channel_raises_at_once_and_enqueues_nothing(
     broker: Broker,
     gateway_url: str,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
-    name = unique_name("wf0gw")
-    cleanup_queues.append(name)
+    name = new_queue("wf0gw")
     declarer = pika.BlockingConnection(pika.URLParameters(gateway_url))
     declarer.channel().queue_declare(
         name, durable=True, arguments={"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
