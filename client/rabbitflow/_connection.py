@@ -466,6 +466,7 @@ class Connection:
                     channel,
                     consumer.queue_name,
                     functools.partial(self._flow_depth, consumer.id),
+                    functools.partial(self._flow_lowered, consumer.id),
                 )
 
         self._transport.post(run)
@@ -489,6 +490,11 @@ class Connection:
         with self._flow_lock:
             if consumer_id in self._consumers:
                 self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
+
+    def _flow_lowered(self, consumer_id: int) -> None:
+        with self._flow_lock:
+            if consumer_id in self._consumers:
+                self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         with self._flow_lock:

@@ -84,8 +84,8 @@ class TransportEvents:
 class FlowChannel(Protocol):
     """The channel operations consumer flow needs (both drivers' channels)."""
 
-    def qos_nowait(self, prefetch_count: int) -> None:
-        """basic.qos global=true without waiting."""
+    def qos_nowait(self, prefetch_count: int, on_ok: Callable[[], None] | None = None) -> None:
+        """basic.qos global=true without waiting; ``on_ok()`` at its qos-ok."""
 
     def basic_consume_nowait(self, queue: str) -> None:
         """basic.consume without waiting."""
@@ -101,11 +101,16 @@ class FlowChannel(Protocol):
 
 
 def carry_out(
-    action: FlowAction, channel: FlowChannel, queue: str, on_depth: Callable[[int], None]
+    action: FlowAction,
+    channel: FlowChannel,
+    queue: str,
+    on_depth: Callable[[int], None],
+    on_lowered: Callable[[], None],
 ) -> None:
-    """Send what one consumer flow action asks for on the consumer's channel."""
+    """Send what one consumer flow action asks for on the consumer's channel
+    (``on_lowered()`` when a prefetch that takes credit back is confirmed)."""
     if isinstance(action, SetPrefetch):
-        channel.qos_nowait(action.count)
+        channel.qos_nowait(action.count, on_lowered if action.confirm else None)
     elif isinstance(action, StartConsuming):
         channel.basic_consume_nowait(queue)
     elif isinstance(action, StopConsuming):

@@ -28,7 +28,11 @@ credit ("hungry") are served first, oldest grant first.  A hungry consumer
 that finds the pool short takes back credit another consumer has left unused
 for ``idle_after`` seconds (an idle queue): that consumer's prefetch is
 lowered, or, with nothing left, its basic.consume is cancelled
-(``StopConsuming``).  A stopped consumer cannot show demand through
+(``StopConsuming``).  A lowered prefetch does not recall deliveries the
+broker sent before it took effect, so the credit taken back joins the pool
+only when the broker confirmed it (``SetPrefetch.confirm``: the driver calls
+``prefetch_lowered`` on its qos-ok, which follows every such delivery on the
+channel); deliveries arriving meanwhile use it up.  A stopped consumer cannot show demand through
 deliveries, so every ``probe_interval`` seconds the driver asks the broker
 for its queue's depth (``ProbeQueue``); a queue with messages makes it
 hungry again.  Timers are the driver's: it calls ``tick(now)`` at
@@ -63,6 +67,8 @@ class SetPrefetch:
 
     consumer: int
     count: int
+    #: Taking back credit: call ``ConnectionFlow.prefetch_lowered`` on its qos-ok.
+    confirm: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +138,8 @@ class _Consumer:
     grant_seq: int = 0  # order of its last grant (0: never granted)
     last_active: float = 0.0  # time of its last grant or delivery
     parked: bool = False  # its credit was taken back: basic.consume cancelled
+    reclaiming: int = 0  # credit taken back, in the pool once the broker confirms it
+    reclaims_pending: int = 0  # lowering basic.qos frames not yet confirmed
     probe_at: float = 0.0  # when to ask its queue's depth next (while parked)
 
 
@@ -243,12 +251,16 @@ class ConnectionFlow:
         c.consuming = c.started = False
         c.prefetch_sent = 0
         c.hungry, c.parked, c.last_active = True, False, now
+        c.reclaiming = c.reclaims_pending = 0
         return self._rebalance(now)
 
     def delivered(self, consumer: int, *, now: float = 0.0) -> None:
         """A message arrived for ``consumer`` (it uses one credit)."""
         c = self._consumers[consumer]
-        c.credit = max(c.credit - 1, 0)
+        if c.credit:
+            c.credit -= 1
+        elif c.reclaiming:  # sent before the lower prefetch took effect
+            c.reclaiming -= 1
         c.buffered += 1
         c.delivered += 1
         c.max_buffered = max(c.max_buffered, c.buffered)
@@ -286,6 +298,19 @@ class ConnectionFlow:
                 actions.append(ProbeQueue(cid))
         return actions + self._rebalance(now)
 
+    def prefetch_lowered(self, consumer: int, *, now: float) -> list[FlowAction]:
+        """The broker confirmed a ``SetPrefetch(confirm=True)``: every delivery
+        sent under the higher prefetch has arrived, so once none is pending
+        the credit taken back is the pool's."""
+        c = self._consumers.get(consumer)
+        if c is None or not c.reclaims_pending:
+            return []
+        c.reclaims_pending -= 1
+        if c.reclaims_pending:
+            return []
+        c.reclaiming = 0
+        return self._rebalance(now)
+
     def queue_depth(self, consumer: int, depth: int, *, now: float) -> list[FlowAction]:
         """The answer to ``ProbeQueue``: a stopped consumer whose queue holds
         messages wants a batch again."""
@@ -316,21 +341,21 @@ class ConnectionFlow:
         # A lower prefetch must reach the broker before the ack frees room.
         return [*self._set_prefetch(cid, c), Ack(cid, c.last_tag)]
 
-    def _set_prefetch(self, cid: int, c: _Consumer) -> list[FlowAction]:
+    def _set_prefetch(self, cid: int, c: _Consumer, *, confirm: bool = False) -> list[FlowAction]:
         """SetPrefetch if the count changed: with a constant prefetch (no
         connection limit, AUTO/DUPS_OK) refills are driven by acks alone."""
         count = self._prefetch(c)
         if count < 1 or count == c.prefetch_sent:
             return []
         c.prefetch_sent = count
-        return [SetPrefetch(cid, count)]
+        return [SetPrefetch(cid, count, confirm)]
 
     @staticmethod
     def _pool_use(c: _Consumer) -> int:
         # Held messages of AUTO/DUPS_OK consumers are acks we chose to defer,
         # so they still count against the connection pool; CLIENT_ACKNOWLEDGE
         # ones are the application's to acknowledge and do not.
-        return c.buffered + c.credit + (0 if c.app_acks else c.held)
+        return c.buffered + c.credit + c.reclaiming + (0 if c.app_acks else c.held)
 
     def _short(self, c: _Consumer) -> bool:
         """Hungry and due a batch (its buffer is down to the threshold)."""
@@ -339,7 +364,9 @@ class ConnectionFlow:
 
     def _reclaim(self, taker: int, need: int, now: float) -> tuple[int, list[FlowAction]]:
         """Take back up to ``need`` credits that other consumers left unused for
-        ``idle_after`` seconds; returns how many, and the actions that do it."""
+        ``idle_after`` seconds; returns how many are free at once (a lowered
+        prefetch frees its credit when the broker confirms it), and the
+        actions that do it."""
         taken = 0
         actions: list[FlowAction] = []
         for cid, c in self._consumers.items():
@@ -351,16 +378,24 @@ class ConnectionFlow:
                 continue
             take = min(c.credit, need - taken)
             c.credit -= take
-            taken += take
             if c.buffered + c.credit == 0 and c.consuming:
+                # Deliveries still on their way to a cancelled consumer go back
+                # to the queue (the driver rejects them): the credit is free.
+                taken += take
                 c.consuming = False
                 c.parked = True
                 c.probe_at = now + self.probe_interval
                 c.prefetch_sent = 0
                 actions.append(StopConsuming(cid))
                 actions += self._flush_ack(cid, c)
+                continue
+            lower = self._set_prefetch(cid, c, confirm=True)
+            if lower:
+                c.reclaiming += take
+                c.reclaims_pending += 1
+                actions += lower
             else:
-                actions += self._set_prefetch(cid, c)
+                taken += take
         return taken, actions
 
     def _order(self) -> list[tuple[int, _Consumer]]:
@@ -431,7 +466,7 @@ class ConnectionFlow:
         if self.connection_limit is None:
             return wanted
         assert self.connection_limit is not None
-        available = self.connection_limit - others - outstanding
+        available = self.connection_limit - others - outstanding - c.reclaiming
         if available < wanted and c.hungry:
             taken, reclaimed = self._reclaim(cid, wanted - available, now)
             actions += reclaimed

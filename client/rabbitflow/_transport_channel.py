@@ -439,13 +439,21 @@ class TransportChannel:
         if not self.closed and self._channel.is_open:
             self._channel.basic_reject(tag, requeue=requeue)
 
-    def qos_nowait(self, prefetch_count: int) -> None:
+    def qos_nowait(self, prefetch_count: int, on_ok: Callable[[], None] | None = None) -> None:
         """basic.qos global=true without waiting (I/O thread only); acks sent
-        after it wait for its qos-ok (see ``ack``)."""
+        after it wait for its qos-ok (see ``ack``); ``on_ok()`` runs at its qos-ok."""
         if not self.closed and self._channel.is_open:
             self._qos_pending += 1
+
+            def qos_ok(frame: Any) -> None:
+                self._on_qos_ok(frame)
+                if on_ok is not None:
+                    on_ok()
+
             self._channel.basic_qos(
-                prefetch_count=prefetch_count, global_qos=True, callback=self._on_qos_ok
+                prefetch_count=prefetch_count,
+                global_qos=True,
+                callback=self._on_qos_ok if on_ok is None else qos_ok,
             )
 
     def _on_qos_ok(self, _frame: Any) -> None:

@@ -86,8 +86,10 @@ class FakeAioChannel:
     def ack(self, tag: int, *, multiple: bool) -> None:
         self.acks.append((tag, multiple))
 
-    def qos_nowait(self, count: int) -> None:
+    def qos_nowait(self, count: int, on_ok: Callable[[], None] | None = None) -> None:
         self.prefetch.append(count)
+        if on_ok is not None:  # this broker confirms at once
+            on_ok()
 
     # broker side
     def emit_ack(self, tag: int, multiple: bool = False) -> None:

@@ -137,8 +137,10 @@ class FakeChannel:
         self.calls.append(("depth", queue))
         on_depth(self.broker.queues.get(queue, {}).get("depth", 0))
 
-    def qos_nowait(self, count: int) -> None:
+    def qos_nowait(self, count: int, on_ok: Callable[[], None] | None = None) -> None:
         self.calls.append(("qos", count))
+        if on_ok is not None:  # this broker confirms at once
+            on_ok()
 
     def ack(self, tag: int, *, multiple: bool) -> None:
         self.calls.append(("ack", tag, multiple))

@@ -118,6 +118,40 @@ def test_a_hungry_consumer_takes_back_credit_left_unused() -> None:
     assert [flow.stats(c).credit for c in (1, 2)] == [0, 60]
 
 
+def test_credit_taken_back_by_a_lower_prefetch_is_granted_only_once_the_broker_confirms() -> None:
+    """Deliveries the broker sent before a lower prefetch took effect still
+    arrive: the credit is the pool's only at the qos-ok, which follows them."""
+    flow = ConnectionFlow(60, idle_after=0.25)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
+    flow.activate(now=0.0)
+    deliver(flow, 1, 10, now=0.0)  # buffered, not yet processed; 50 credits left
+
+    assert flow.tick(0.25) == [SetPrefetch(1, 10, confirm=True)]  # nothing for 2 yet
+    assert flow.stats(2).credit == 0
+    deliver(flow, 1, 5, now=0.26)  # sent under the old prefetch, arriving after the tick
+    assert flow.buffered == 15
+    assert flow.buffered + flow.stats(2).credit <= 60
+
+    assert flow.prefetch_lowered(1, now=0.27) == [SetPrefetch(2, 45), StartConsuming(2)]
+    deliver(flow, 2, 45, now=0.28)
+    assert flow.buffered == 60  # the limit, not 65
+    assert flow.prefetch_lowered(1, now=0.29) == []  # nothing more was pending
+
+
+def test_a_reset_consumer_no_longer_holds_credit_it_was_giving_back() -> None:
+    flow = ConnectionFlow(60, idle_after=0.25)
+    flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
+    flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
+    flow.activate(now=0.0)
+    deliver(flow, 1, 10, now=0.0)
+    assert flow.tick(0.25) == [SetPrefetch(1, 10, confirm=True)]
+    flow.reset(1, now=0.3)  # a new channel (recovery): nothing more comes on the old one
+    assert flow.stats(2).credit > 0  # the pool is free again
+    assert flow.prefetch_lowered(1, now=0.31) == []  # the old channel's qos-ok is stale
+    assert flow.buffered + sum(flow.stats(c).credit for c in (1, 2)) <= 60
+
+
 def test_busy_consumer_batches_follow_the_threshold_rule_under_a_connection_limit() -> None:
     flow = ConnectionFlow(60, idle_after=0.25)
     flow.register(1, limit=1000, threshold_pct=50, app_acks=False)

@@ -383,6 +383,7 @@ class Connection:
                 channel,
                 consumer.queue_name,
                 functools.partial(self._flow_depth, consumer.id),
+                functools.partial(self._flow_lowered, consumer.id),
             )
 
     def _arm_flow_timer(self) -> None:
@@ -402,6 +403,10 @@ class Connection:
     def _flow_depth(self, consumer_id: int, depth: int) -> None:
         if consumer_id in self._consumers:
             self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
+
+    def _flow_lowered(self, consumer_id: int) -> None:
+        if consumer_id in self._consumers:
+            self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         self._consumers[consumer.id] = consumer

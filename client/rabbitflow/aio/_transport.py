@@ -275,12 +275,21 @@ class AioChannel:
         elif not self.closed and self._channel.is_open:
             self._channel.basic_ack(tag, multiple=multiple)
 
-    def qos_nowait(self, prefetch_count: int) -> None:
-        """basic.qos global=true without waiting; later acks wait for its qos-ok."""
+    def qos_nowait(self, prefetch_count: int, on_ok: Callable[[], None] | None = None) -> None:
+        """basic.qos global=true without waiting; later acks wait for its
+        qos-ok; ``on_ok()`` runs at its qos-ok."""
         if not self.closed and self._channel.is_open:
             self._qos_pending += 1
+
+            def qos_ok(frame: Any) -> None:
+                self._on_qos_ok(frame)
+                if on_ok is not None:
+                    on_ok()
+
             self._channel.basic_qos(
-                prefetch_count=prefetch_count, global_qos=True, callback=self._on_qos_ok
+                prefetch_count=prefetch_count,
+                global_qos=True,
+                callback=self._on_qos_ok if on_ok is None else qos_ok,
             )
 
     def _on_qos_ok(self, _frame: Any) -> None:
