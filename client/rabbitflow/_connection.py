@@ -461,13 +461,8 @@ class Connection:
             for action, consumer, channel in bound:
                 if consumer._channel is not channel or channel.closed:
                     continue  # the channel was replaced (recovery): tags are stale
-                carry_out(
-                    action,
-                    channel,
-                    consumer.queue_name,
-                    functools.partial(self._flow_depth, consumer.id),
-                    functools.partial(self._flow_lowered, consumer.id),
-                )
+                answer = functools.partial(self._flow_answer, consumer.id)
+                carry_out(action, channel, consumer.queue_name, answer, answer)
 
         self._transport.post(run)
 
@@ -486,15 +481,14 @@ class Connection:
             self._flow_timer_at = None
             self._apply(self._flow.tick(self.clock()))
 
-    def _flow_depth(self, consumer_id: int, depth: int) -> None:
+    def _flow_answer(self, consumer_id: int, depth: int | None = None) -> None:
+        """The broker answered a consumer's ProbeQueue (``depth``) or lowering qos."""
         with self._flow_lock:
             if consumer_id in self._consumers:
-                self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
-
-    def _flow_lowered(self, consumer_id: int) -> None:
-        with self._flow_lock:
-            if consumer_id in self._consumers:
-                self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
+                if depth is None:
+                    self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
+                else:
+                    self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         with self._flow_lock:

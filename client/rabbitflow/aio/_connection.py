@@ -378,13 +378,8 @@ class Connection:
             channel = consumer._channel if consumer is not None else None
             if consumer is None or channel is None or channel.closed:
                 continue
-            carry_out(
-                action,
-                channel,
-                consumer.queue_name,
-                functools.partial(self._flow_depth, consumer.id),
-                functools.partial(self._flow_lowered, consumer.id),
-            )
+            answer = functools.partial(self._flow_answer, consumer.id)
+            carry_out(action, channel, consumer.queue_name, answer, answer)
 
     def _arm_flow_timer(self) -> None:
         wake = self._flow.wake_at()
@@ -400,13 +395,13 @@ class Connection:
         self._flow_timer = None
         self._apply(self._flow.tick(self.clock()))
 
-    def _flow_depth(self, consumer_id: int, depth: int) -> None:
+    def _flow_answer(self, consumer_id: int, depth: int | None = None) -> None:
+        """The broker answered a consumer's ProbeQueue (``depth``) or lowering qos."""
         if consumer_id in self._consumers:
-            self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
-
-    def _flow_lowered(self, consumer_id: int) -> None:
-        if consumer_id in self._consumers:
-            self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
+            if depth is None:
+                self._apply(self._flow.prefetch_lowered(consumer_id, now=self.clock()))
+            else:
+                self._apply(self._flow.queue_depth(consumer_id, depth, now=self.clock()))
 
     def _register_consumer(self, consumer: MessageConsumer, app_acks: bool) -> None:
         self._consumers[consumer.id] = consumer
