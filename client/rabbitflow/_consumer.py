@@ -69,6 +69,7 @@ class MessageConsumer:
         self._closed = False
         self._error: JMSException | None = None
         self._pending: tuple[int, Delivery] | None = None  # in the listener
+        self._tracer = _otel.find_tracer()  # once: None unless tracing is configured
 
     @property
     def destination(self) -> Destination:
@@ -134,7 +135,8 @@ class MessageConsumer:
         except JMSException:
             self._context.processed(self, generation, delivery)
             raise
-        _otel.receive_span(message, self._destination)
+        if self._tracer is not None:
+            _otel.receive_span(self._tracer, message, self._destination)
         if not listening:
             self._context.processed(self, generation, delivery)
             return message

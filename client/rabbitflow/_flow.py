@@ -303,7 +303,7 @@ class ProducerWindow(Generic[T]):
         its own publish turn found the window in retry, and only this
         answer tells the driver to publish it once the retry ends.
         """
-        if not self.gate.is_open or not self._queued:
+        if not self._queued or not self.gate.is_open:  # after a take: nothing queued
             return None
         if self._retry:
             return None if self._unconfirmed else self._resend_at

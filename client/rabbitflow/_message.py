@@ -157,18 +157,20 @@ class Message:
             headers[_TIMESTAMP_HEADER] = self.timestamp
         ttl = self.expiration - self.timestamp if self.expiration else 0
         text = isinstance(self, TextMessage)
+        # Positional, in field order: a named tuple built from keywords costs
+        # twice as much, and one is built per send.
         return WireProperties(
-            content_type=_TEXT if text else _BYTES,
-            content_encoding="utf-8" if text else None,
-            headers=headers,
-            delivery_mode=self.delivery_mode,
-            priority=self.priority,
-            correlation_id=self.correlation_id,
-            reply_to=str(self.reply_to) if self.reply_to is not None else None,
-            expiration=str(max(ttl, 1)) if self.expiration else None,
-            message_id=self.message_id,
-            timestamp=self.timestamp // 1000 if self.timestamp else None,
-            type=self.type,
+            _TEXT if text else _BYTES,  # content_type
+            "utf-8" if text else None,  # content_encoding
+            headers,
+            self.delivery_mode,
+            self.priority,
+            self.correlation_id,
+            str(self.reply_to) if self.reply_to is not None else None,  # reply_to
+            str(max(ttl, 1)) if self.expiration else None,  # expiration
+            self.message_id,
+            self.timestamp // 1000 if self.timestamp else None,  # timestamp
+            self.type,
         )
 
     @staticmethod

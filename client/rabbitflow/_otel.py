@@ -1,9 +1,10 @@
 """OpenTelemetry spans for sends and receives (optional: ``rabbitflow[otel]``).
 
-Without ``opentelemetry-api`` installed, or while the application has not
-set a tracer provider, every function here is a no-op that costs one check.
-Otherwise the SDK uses the global tracer provider the application
-configured (the library never configures one):
+The SDK uses the global tracer provider the application configured (the
+library never configures one).  A producer or consumer looks its tracer up
+once, when it is created (``find_tracer()``); without ``opentelemetry-api``
+installed, or while no provider is configured then, it has no tracer and a
+send or receive costs one check.  Otherwise:
 
 * a producer span ``send <destination>`` per ``send()`` (kind PRODUCER),
   with the messaging semantic conventions ``messaging.system=rabbitmq``,
@@ -24,7 +25,7 @@ from typing import Any
 from ._destination import Destination
 from ._message import Message
 
-__all__ = ["blocked", "end_send", "receive_span", "start_send", "waited"]
+__all__ = ["blocked", "end_send", "find_tracer", "receive_span", "start_send", "waited"]
 
 try:
     from opentelemetry import propagate, trace
@@ -41,10 +42,14 @@ _WAIT_ATTRIBUTE = "rabbitflow.flow_control.wait_ms"
 _cached: tuple[Any, Any] | None = None  # (provider, its tracer)
 
 
-def _tracer() -> Any:
-    """The tracer of the application's provider; None while none is
-    configured (then a send costs this check only)."""
+def find_tracer() -> Any:
+    """The tracer of the application's provider; None without the extra or
+    while no provider is configured.  Looked up once per producer or
+    consumer, never per message: while no provider is set, OpenTelemetry
+    reads the environment each time it is asked for one."""
     global _cached
+    if not _ENABLED:
+        return None
     provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
@@ -54,12 +59,10 @@ def _tracer() -> Any:
     return cached[1]
 
 
-def start_send(message: Message, target: Destination) -> Any:
-    """Start the producer span of one send and put its context in the
-    message's properties; None when tracing is off."""
-    tracer = _tracer() if _ENABLED else None
-    if tracer is None:
-        return None
+def start_send(tracer: Any, message: Message, target: Destination) -> Any:
+    """Start the producer span of one send with ``tracer`` (from ``find_tracer()``,
+    not None) and put its context in the message's properties; None when the
+    span does not record."""
     span = tracer.start_span(
         f"send {target.name}",
         kind=SpanKind.PRODUCER,
@@ -108,12 +111,10 @@ def end_send(span: Any, error: BaseException | None, waited_s: float = 0.0) -> N
     span.end()
 
 
-def receive_span(message: Message, destination: Destination) -> None:
-    """Record the consumer span of a message handed to the application,
-    linked to the span of the send that produced it."""
-    tracer = _tracer() if _ENABLED else None
-    if tracer is None:
-        return
+def receive_span(tracer: Any, message: Message, destination: Destination) -> None:
+    """Record with ``tracer`` (from ``find_tracer()``, not None) the consumer span
+    of a message handed to the application, linked to the span of the send
+    that produced it."""
     parent = message.get_property("traceparent")
     links = []
     if isinstance(parent, str):

@@ -113,6 +113,10 @@ class MessageProducer(ProducerCounters):
         self._error: JMSException | None = None
         self._closed = False
         self._returned = 0
+        # Once, not per send: the bound method posted by sends, and the tracer
+        # (None unless the application configured OpenTelemetry tracing).
+        self._post_pump: Callable[[], None] = self._pump
+        self._tracer = _otel.find_tracer()
 
     # -------------------------------------------------------------- public
     @property
@@ -148,7 +152,8 @@ class MessageProducer(ProducerCounters):
         """
         target = target_of(self.id, self._closed, self._destination, destination)
         stamp(message, target, delivery_mode, priority, time_to_live)
-        span = _otel.start_send(message, target)  # None unless tracing is on
+        tracer = self._tracer
+        span = None if tracer is None else _otel.start_send(tracer, message, target)
         item = outgoing(message, target)
         try:
             self._context.wait_usable()
@@ -163,11 +168,13 @@ class MessageProducer(ProducerCounters):
                 else:
                     self._hand_off()
         except BaseException as exc:
-            _otel.end_send(span, exc)
+            if span is not None:
+                _otel.end_send(span, exc)
             raise
-        _otel.end_send(span, None, waited)
+        if span is not None:
+            _otel.end_send(span, None, waited)
         if schedule:
-            self._context.post(self._pump)
+            self._context.post(self._post_pump)
 
     def close(self) -> None:
         """Wait until every send is confirmed, then close (idempotent).
@@ -329,8 +336,11 @@ class MessageProducer(ProducerCounters):
             else:
                 self._window.nack(tag, multiple, self._clock())
             # Not only while retrying: the ack that ends a retry must also
-            # publish what was accepted before the nack and held since.
-            due = self._window.publish_due()
+            # publish what was accepted before the nack and held since.  A
+            # pump already posted publishes it; running one here as well
+            # would leave the posted one nothing to do and make the next
+            # send post another.
+            due = None if self._pump_scheduled else self._window.publish_due()
             self._cond.notify_all()
         if due is not None:
             self._pump()

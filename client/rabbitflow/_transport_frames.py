@@ -24,6 +24,8 @@ _BODY_PREFIX = struct.Struct(">BHI")
 _TABLE_SIZE = struct.Struct(">I")
 _INT32 = struct.Struct(">ci")  # pika's table value for an int that fits 32 bits
 _INT64 = struct.Struct(">cq")  # ... and for a larger one
+_UINT64 = struct.Struct(">Q")
+_LENGTHS = tuple(bytes((n,)) for n in range(256))  # a short string's length byte
 
 
 class PublishEncoder:
@@ -33,13 +35,26 @@ class PublishEncoder:
         self._methods: dict[tuple[int, str, str, bool], bytes] = {}
         self._tables: dict[tuple[tuple[str, Any], ...], bytes] = {}
         self._keys: dict[str, bytes] = {}  # header name -> short string
+        # content type / encoding and message type -> short string: the same
+        # few values in every publish
+        self._shorts: dict[str, bytes] = {}
 
     @staticmethod
     def _short(text: str) -> bytes:
         data = text.encode()
-        if len(data) > 255:
-            raise ValueError(f"AMQP short string too long ({len(data)} bytes)")
-        return bytes((len(data),)) + data
+        size = len(data)
+        if size > 255:
+            raise ValueError(f"AMQP short string too long ({size} bytes)")
+        return _LENGTHS[size] + data
+
+    def _known_short(self, text: str) -> bytes:
+        short = self._shorts.get(text)
+        if short is None:
+            short = self._short(text)
+            if len(self._shorts) > 1000:
+                self._shorts.clear()
+            self._shorts[text] = short
+        return short
 
     def _method(self, channel: int, exchange: str, routing_key: str, mandatory: bool) -> bytes:
         key = (channel, exchange, routing_key, mandatory)
@@ -96,10 +111,10 @@ class PublishEncoder:
         short = self._short
         if props.content_type is not None:
             flags |= 1 << 15
-            out.append(short(props.content_type))
+            out.append(self._known_short(props.content_type))
         if props.content_encoding is not None:
             flags |= 1 << 14
-            out.append(short(props.content_encoding))
+            out.append(self._known_short(props.content_encoding))
         if props.headers is not None:
             flags |= 1 << 13
             out.append(self._table(props.headers))
@@ -123,10 +138,10 @@ class PublishEncoder:
             out.append(short(props.message_id))
         if props.timestamp is not None:
             flags |= 1 << 6
-            out.append(struct.pack(">Q", props.timestamp))
+            out.append(_UINT64.pack(props.timestamp))
         if props.type is not None:
             flags |= 1 << 5
-            out.append(short(props.type))
+            out.append(self._known_short(props.type))
         return flags, b"".join(out)
 
     def encode(

@@ -153,6 +153,20 @@ async def test_a_send_accepted_as_a_nack_arrives_goes_out_once_the_retry_ends() 
 
 
 @pytest.mark.asyncio
+async def test_a_confirm_leaves_what_is_queued_to_the_publish_turn_already_scheduled() -> None:
+    broker, _, session, producer, channel = await _setup(capacity=3)
+    await producer.send(session.create_text_message("1"))
+    await asyncio.sleep(0)
+    await producer.send(session.create_text_message("2"))  # its publish turn is still queued
+    channel.emit_ack(1)
+    assert _bodies(broker) == [b"1"]
+    await asyncio.sleep(0)
+    assert _bodies(broker) == [b"1", b"2"]
+    channel.emit_ack(2)
+    assert producer.unconfirmed_count == 0
+
+
+@pytest.mark.asyncio
 async def test_a_lost_connection_resends_what_was_unconfirmed_in_order() -> None:
     broker, connection, session, producer, channel = await _setup(capacity=5)
     for n in (b"1", b"2", b"3"):

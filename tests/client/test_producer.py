@@ -209,6 +209,24 @@ def test_a_send_does_not_wait_for_its_pump_while_other_producers_pumps_wait() ->
     assert bodies(harness) == [b"1", b"2", b"a"]
 
 
+def test_a_confirm_leaves_what_is_queued_to_the_publish_turn_already_posted() -> None:
+    # One publish turn per burst of sends: a confirm that arrives before the
+    # posted turn runs does not publish ahead of it (which would leave that
+    # turn nothing to do and make the next send post another).
+    harness, session, producer, channel = setup(capacity=3)
+    producer.send(session.create_bytes_message(b"1"))
+    harness.transport.hold_posts()
+    producer.send(session.create_bytes_message(b"2"))
+    channel.emit_ack(1)
+    assert bodies(harness) == [b"1"]
+    producer.send(session.create_bytes_message(b"3"))
+    assert len(harness.transport.held_posts or []) == 1
+    harness.transport.run_posts()
+    assert bodies(harness) == [b"1", b"2", b"3"]
+    channel.emit_ack(3, multiple=True)
+    assert producer.unconfirmed_count == 0
+
+
 def test_channel_flow_holds_publishes_and_logs_enforcement(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -67,6 +67,7 @@ class MessageConsumer:
         self._generation = 0
         self._closed = False
         self._error: JMSException | None = None
+        self._tracer = _otel.find_tracer()  # once: None unless tracing is configured
 
     @property
     def destination(self) -> Destination:
@@ -125,7 +126,8 @@ class MessageConsumer:
             message = self._context.to_message(self, generation, delivery)
         finally:
             self._context.processed(self, generation, delivery)
-        _otel.receive_span(message, self._destination)
+        if self._tracer is not None:
+            _otel.receive_span(self._tracer, message, self._destination)
         return message
 
     def receive_no_wait(self) -> Message | None:
@@ -145,7 +147,8 @@ class MessageConsumer:
             message = self._context.to_message(self, generation, delivery)
         finally:
             self._context.processed(self, generation, delivery)
-        _otel.receive_span(message, self._destination)
+        if self._tracer is not None:
+            _otel.receive_span(self._tracer, message, self._destination)
         return message
 
     def _is_closed(self) -> bool:

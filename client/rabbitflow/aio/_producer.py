@@ -111,6 +111,7 @@ class MessageProducer(ProducerCounters):
         self._closed = False
         self._streak = 0  # sends since one last suspended (see _YIELD_EVERY)
         self._turn_logs = 0  # wait log lines in this loop turn (see _LOGS_PER_TURN)
+        self._tracer = _tracing.find_tracer()  # once: None unless tracing is configured
 
     # -------------------------------------------------------------- public
     @property
@@ -143,7 +144,8 @@ class MessageProducer(ProducerCounters):
             await asyncio.sleep(0)
         target = target_of(self.id, self._closed, self._destination, destination)
         stamp(message, target, delivery_mode, priority, time_to_live)
-        span = _tracing.start_send(message, target)
+        tracer = self._tracer
+        span = None if tracer is None else _tracing.start_send(tracer, message, target)
         try:
             if not self._context.usable() or not self._window.can_accept():
                 await self._context.wait_usable()
@@ -154,9 +156,11 @@ class MessageProducer(ProducerCounters):
                 self._streak += 1
             self._window.accept(outgoing(message, target))
         except BaseException as exc:
-            _tracing.end_send(span, exc)
+            if span is not None:
+                _tracing.end_send(span, exc)
             raise
-        _tracing.end_send(span, None, waited)
+        if span is not None:
+            _tracing.end_send(span, None, waited)
         if self._pump_handle is None:
             self._pump_handle = self._loop.call_soon(self._pump)
 
@@ -328,7 +332,8 @@ class MessageProducer(ProducerCounters):
         # every task blocked in send() to find nothing new, in one loop turn.
         if (window.can_accept(), window.flow_signalled, window.idle) != before:
             self._notify()
-        if self._window.publish_due() is not None:
+        # A pump already scheduled publishes what is due (see the sync producer).
+        if self._pump_handle is None and self._window.publish_due() is not None:
             self._pump()
 
     def on_flow(self, active: bool) -> None:
