@@ -178,6 +178,7 @@ class GatewayService:
         # back beyond it.
         await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
         self._tasks.append(asyncio.create_task(self.collector.run(), name="gc-full"))
+        self._tasks.append(asyncio.create_task(self.descriptors.watch(), name="fd-watch"))
         backlog = self.config.listen_backlog
         # --workers N: the N processes share the port; the kernel spreads connections.
         reuse_port = self.config.workers > 1 or None

@@ -191,7 +191,9 @@ class DescriptorWatch:
     limit - 1 leaves none free: the next accept fails.  asyncio's own loop
     reports that failure (:func:`loop_exception_handler`); uvloop's (libuv)
     accepts and drops the client without a word, so the relay shows each
-    socket it opens or accepts here.  One line per ``quiet_s`` at most.
+    socket it opens or accepts here, and :meth:`watch` also tries the table
+    every second (the last descriptor may go to a socket of the gateway's
+    own, e.g. toward the management API).  One line per ``quiet_s`` at most.
     """
 
     def __init__(self, limit: int | None, *, quiet_s: float = 10.0) -> None:
@@ -211,8 +213,26 @@ class DescriptorWatch:
             return
         sock = transport.get_extra_info("socket")
         number = sock.fileno() if sock is not None else -1
-        if number < self.limit - 1:
-            return
+        if number >= self.limit - 1:
+            self._say()
+
+    def full(self) -> bool:
+        """Whether the descriptor table is full now (said if so): one open and close."""
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            if exc.errno in _FD_ERRNOS:
+                self._say()
+                return True
+        return False
+
+    async def watch(self, interval_s: float = 1.0) -> None:
+        """Try the table every ``interval_s`` (see :meth:`full`) until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            self.full()
+
+    def _say(self) -> None:
         now = time.monotonic()
         if now - self._said_at >= self._quiet_s:
             self._said_at = now

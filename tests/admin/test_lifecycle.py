@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
+import resource
 import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -181,6 +183,29 @@ def test_accept_failing_for_lack_of_file_descriptors_is_logged_as_such() -> None
         "too many open files: connections are not accepted until some close "
         "(raise the limit: ulimit -n, or LimitNOFILE= in a systemd unit)"
     ]
+
+
+def test_a_full_descriptor_table_is_named_when_tried() -> None:
+    """The last descriptor may go to a socket the relay does not see (the
+    management API's): the service tries the table every second."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    watch = DescriptorWatch(limit=64, quiet_s=3600)
+    held: list[int] = []
+    with capture_logs() as logs:
+        assert not watch.full()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 4, hard))
+        try:
+            while True:
+                try:
+                    held.append(os.open(os.devnull, os.O_RDONLY))
+                except OSError:
+                    break
+            assert watch.full()
+        finally:
+            for fd in held:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [entry["event"].split(":")[0] for entry in logs] == ["too many open files"]
 
 
 class _SocketTransport(asyncio.BaseTransport):
