@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
-from rabbitflow_broker.amqp import PROTOCOL_HEADER
+from rabbitflow_broker.amqp import FRAME_HEARTBEAT, PROTOCOL_HEADER
 from rabbitflow_broker.gateway import BlockedChannel
 from tests.broker.frame_reader import FrameReader, decode_method
 
@@ -50,6 +50,61 @@ class FakeLoop:
             callback()
 
 
+async def wait_until(
+    predicate: Callable[[], object],
+    what: str,
+    *,
+    timeout: float = 5.0,
+    interval: float = 0.0,
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``predicate`` between turns of the event loop (``interval``
+    seconds apart) until it is true.
+
+    Raises:
+        AssertionError: it was still false after ``timeout`` seconds; the
+            message says what was awaited (and ``state()`` when given).
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() >= deadline:
+            detail = f" (state: {state()!r})" if state is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+        await asyncio.sleep(interval)
+
+
+class RefreshWatch:
+    """Wraps a gateway's ``on_change`` (the relays'
+    :class:`~rabbitflow_broker.refresher.Refresher`) to tell whether a pass it
+    was asked for may still be due.
+
+    The refresher runs its pass with ``call_soon``; a marker queued right
+    behind it (the event loop runs callbacks in the order they were queued)
+    proves the pass has run, together with the writes it made.
+    """
+
+    def __init__(self, gateway: Gateway) -> None:
+        inner = gateway.on_change
+        assert inner is not None, "a relay installs the refresher"
+        self._inner = inner
+        #: Passes asked for whose marker has not run yet.
+        self.pending = 0
+        gateway.on_change = self
+
+    def __call__(self) -> None:
+        self._inner()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the loop the refresher ran at once
+            return
+        self.pending += 1
+        loop.call_soon(self._ran)
+
+    def _ran(self) -> None:
+        self.pending -= 1
+
+
 class FakeWriter:
     """Collects what the relay writes to one side."""
 
@@ -86,6 +141,13 @@ class FakeWriter:
         )
         return [(f.channel, decode_method(f.payload(buffer))) for f in frames if f.kind == 1]
 
+    def heartbeats(self) -> int:
+        """Heartbeat frames written so far."""
+        _, frames = FrameReader(expect_protocol_header=False).feed(
+            bytes(self.data).removeprefix(PROTOCOL_HEADER)
+        )
+        return sum(f.kind == FRAME_HEARTBEAT for f in frames)
+
     def take(self) -> list[tuple[int, Frame]]:
         got = self.methods()
         self.data.clear()
@@ -110,6 +172,11 @@ class FakeTransport(FakeWriter):
         self.paused = False
         self.lost = False
         self._inbox: list[bytes | None] = []
+
+    @property
+    def pending(self) -> int:
+        """Chunks (and the EOF) fed but not yet handed to the protocol."""
+        return len(self._inbox)
 
     def attach(self, protocol: asyncio.Protocol) -> None:
         self.protocol = protocol
@@ -155,6 +222,11 @@ class FakeTransport(FakeWriter):
             self.lost = True
             protocol, self.protocol = self.protocol, None  # as asyncio's transports do
             protocol.connection_lost(None)
+
+
+#: A heartbeat frame: the relay passes it on either way at once, so once it
+#: is through, everything fed before it has been handled.
+HEARTBEAT = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 
 def connected_relay(

@@ -13,7 +13,7 @@ from rabbitflow_broker.config import ConfigError, GatewayConfig
 from rabbitflow_broker.read_pause import OFF, PIPELINED, ReadPause
 from rabbitflow_broker.relay_pump import Pump
 from tests.broker.engine_harness import deliver, method, methods, publish, wire
-from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner
+from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner, wait_until
 
 
 class Recorder:
@@ -113,8 +113,7 @@ def test_a_loop_closed_while_a_yield_was_pending_does_not_stop_the_next_loop() -
 
     async def read_once() -> None:
         pause.after_read(asyncio.get_running_loop(), 0)
-        for _ in range(2):  # the callback scheduled with call_soon runs within two turns
-            await asyncio.sleep(0)
+        await wait_until(lambda: seen.yielded, "the yield after the read")
 
     asyncio.run(read_once())
     assert seen.yielded == 1

@@ -22,7 +22,13 @@ from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowEnforced, ChannelFlowRemoved, Event
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
-from tests.broker.fakes import FakeTransport, connected_relay
+from tests.broker.fakes import (
+    HEARTBEAT,
+    FakeTransport,
+    RefreshWatch,
+    connected_relay,
+    wait_until,
+)
 from tests.broker.frame_reader import FrameReader, decode_method
 
 
@@ -34,20 +40,65 @@ class Harness:
     client_out: FakeTransport
     upstream_in: FakeTransport
     upstream_out: FakeTransport
+    refreshes: RefreshWatch
 
-    async def settle(self) -> None:
-        for _ in range(20):
-            await asyncio.sleep(0)
+    def settled(self) -> bool:
+        """The relay read every byte fed to either side, and no refresh it
+        was asked for is still due."""
+        return not (self.client_in.pending or self.upstream_in.pending or self.refreshes.pending)
 
-    async def from_client(self, *chunks: bytes) -> None:
+    async def settle(
+        self, until: Callable[[], object] | None = None, what: str = "the relay to settle"
+    ) -> None:
+        """Wait until :meth:`settled` (and ``until``, when given)."""
+        await wait_until(lambda: self.settled() and (until is None or until()), what)
+
+    async def from_client(
+        self,
+        *chunks: bytes,
+        until: Callable[[], object] | None = None,
+        what: str = "the relay to read the client's bytes",
+    ) -> None:
         for chunk in chunks:
             self.client_in.feed_data(chunk)
-        await self.settle()
+        await self.settle(until, what)
 
-    async def from_upstream(self, *chunks: bytes) -> None:
+    async def from_upstream(
+        self,
+        *chunks: bytes,
+        until: Callable[[], object] | None = None,
+        what: str = "the relay to read RabbitMQ's bytes",
+    ) -> None:
         for chunk in chunks:
             self.upstream_in.feed_data(chunk)
-        await self.settle()
+        await self.settle(until, what)
+
+    async def handled_from_client(self, *chunks: bytes) -> None:
+        """Feed ``chunks`` then a heartbeat, and wait until the heartbeat
+        reached RabbitMQ: the relay is done with what came before it."""
+        before = self.upstream_out.heartbeats()
+        await self.from_client(
+            *chunks,
+            HEARTBEAT,
+            until=lambda: self.upstream_out.heartbeats() > before,
+            what="the heartbeat sent after them to reach RabbitMQ",
+        )
+
+    async def handled_from_upstream(self, *chunks: bytes) -> None:
+        """Feed ``chunks`` then a heartbeat, and wait until the heartbeat
+        reached the client: the relay is done with what came before it."""
+        before = self.client_out.heartbeats()
+        await self.from_upstream(
+            *chunks,
+            HEARTBEAT,
+            until=lambda: self.client_out.heartbeats() > before,
+            what="the heartbeat sent after them to reach the client",
+        )
+
+
+def _sent(transport: FakeTransport, kind: type[Frame]) -> bool:
+    """Whether a ``kind`` method was written to ``transport`` (since its last take)."""
+    return any(isinstance(m, kind) for _, m in transport.methods())
 
 
 def method(channel: int, value: Frame) -> bytes:
@@ -81,8 +132,15 @@ async def harness() -> AsyncIterator[Harness]:
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
     relay, client_in, upstream_in = connected_relay(gateway)
     client_out, upstream_out = client_in, upstream_in
-    h = Harness(gateway, events, client_in, client_out, upstream_in, upstream_out)
-    await h.from_client(PROTOCOL_HEADER, method(1, commands.Channel.Open()))
+    h = Harness(
+        gateway, events, client_in, client_out, upstream_in, upstream_out, RefreshWatch(gateway)
+    )
+    await h.from_client(
+        PROTOCOL_HEADER,
+        method(1, commands.Channel.Open()),
+        until=lambda: _sent(upstream_out, commands.Channel.Open),
+        what="the Channel.Open to reach RabbitMQ",
+    )
     upstream_out.take()
     yield h
     client_in.feed_eof()
@@ -92,20 +150,22 @@ async def harness() -> AsyncIterator[Harness]:
 
 @pytest.mark.asyncio
 async def test_client_flow_ok_never_reaches_upstream(harness: Harness) -> None:
-    await harness.from_client(method(1, commands.Channel.FlowOk(active=False)))
+    await harness.handled_from_client(method(1, commands.Channel.FlowOk(active=False)))
     assert harness.upstream_out.take() == []
 
 
 @pytest.mark.asyncio
 async def test_publishes_are_forwarded_byte_for_byte(harness: Harness) -> None:
     raw = publish(1, "q") + publish(1, "other")
-    await harness.from_client(raw)
+    await harness.from_client(
+        raw, until=lambda: len(harness.upstream_out.data) >= len(raw), what="the publishes relayed"
+    )
     assert bytes(harness.upstream_out.data) == raw
 
 
 @pytest.mark.asyncio
 async def test_publish_over_stop_flows_the_channel_once(harness: Harness) -> None:
-    await harness.from_client(publish(1, "q"), publish(1, "q"), publish(1, "q"))
+    await harness.handled_from_client(publish(1, "q"), publish(1, "q"), publish(1, "q"))
     flows = [m for _, m in harness.client_out.take() if isinstance(m, commands.Channel.Flow)]
     assert [f.active for f in flows] == [False]
     assert [type(e) for e in harness.events if e.code.startswith("CHN")] == [ChannelFlowEnforced]
@@ -115,10 +175,18 @@ async def test_publish_over_stop_flows_the_channel_once(harness: Harness) -> Non
 async def test_held_confirm_is_released_as_one_multiple_ack(harness: Harness) -> None:
     await harness.from_client(method(1, commands.Confirm.Select()))
     await harness.from_client(publish(1, "q"), publish(1, "q"))
-    await harness.from_upstream(method(1, commands.Basic.Ack(delivery_tag=2, multiple=True)))
+    await harness.handled_from_upstream(
+        method(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
+    )
     assert not [m for _, m in harness.client_out.take() if isinstance(m, commands.Basic.Ack)]
     harness.gateway.removed("/", "q", 2, 2)
-    await harness.settle()
+    await harness.settle(
+        lambda: (
+            _sent(harness.client_out, commands.Basic.Ack)
+            and _sent(harness.client_out, commands.Channel.Flow)
+        ),
+        "the released confirm and the Channel.Flow that unflows the channel",
+    )
     sent = [m for _, m in harness.client_out.take()]
     acks = [(m.delivery_tag, m.multiple) for m in sent if isinstance(m, commands.Basic.Ack)]
     assert acks == [(2, True)]
@@ -131,7 +199,9 @@ async def test_multiple_ack_is_split_when_only_part_is_held(harness: Harness) ->
     harness.gateway.routing.declare_queue("/", "free", {})
     await harness.from_client(method(1, commands.Confirm.Select()))
     await harness.from_client(publish(1, "free"), publish(1, "q"), publish(1, "q"))
-    await harness.from_upstream(method(1, commands.Basic.Ack(delivery_tag=3, multiple=True)))
+    await harness.handled_from_upstream(
+        method(1, commands.Basic.Ack(delivery_tag=3, multiple=True))
+    )
     acks = [
         (m.delivery_tag, m.multiple)
         for _, m in harness.client_out.take()
@@ -143,7 +213,7 @@ async def test_multiple_ack_is_split_when_only_part_is_held(harness: Harness) ->
 @pytest.mark.asyncio
 async def test_refused_declare_closes_channel_406_and_stays_local(harness: Harness) -> None:
     declare = commands.Queue.Declare(queue="bad", arguments={"qpid.flow_stop_count": -1})
-    await harness.from_client(method(1, declare))
+    await harness.handled_from_client(method(1, declare))
     upstream = harness.upstream_out.take()
     assert not any(isinstance(m, commands.Queue.Declare) for _, m in upstream)
     assert any(isinstance(m, commands.Channel.Close) for _, m in upstream)
@@ -153,8 +223,8 @@ async def test_refused_declare_closes_channel_406_and_stays_local(harness: Harne
     assert close.reply_code == 406
     assert "qpid.flow_stop_count" in close.reply_text
     # The client's CloseOk and RabbitMQ's CloseOk are both the gateway's business.
-    await harness.from_client(method(1, commands.Channel.CloseOk()))
-    await harness.from_upstream(method(1, commands.Channel.CloseOk()))
+    await harness.handled_from_client(method(1, commands.Channel.CloseOk()))
+    await harness.handled_from_upstream(method(1, commands.Channel.CloseOk()))
     assert harness.upstream_out.take() == []
     assert harness.client_out.take() == []
 
@@ -162,11 +232,15 @@ async def test_refused_declare_closes_channel_406_and_stays_local(harness: Harne
 @pytest.mark.asyncio
 async def test_reopened_channel_waits_for_upstream_close_ok(harness: Harness) -> None:
     declare = commands.Queue.Declare(queue="bad", arguments={"qpid.flow_stop_count": "x"})
-    await harness.from_client(method(1, declare), method(1, commands.Channel.CloseOk()))
+    await harness.handled_from_client(method(1, declare), method(1, commands.Channel.CloseOk()))
     harness.upstream_out.take()
-    await harness.from_client(method(1, commands.Channel.Open()))
+    await harness.handled_from_client(method(1, commands.Channel.Open()))
     assert harness.upstream_out.take() == []
-    await harness.from_upstream(method(1, commands.Channel.CloseOk()))
+    await harness.from_upstream(
+        method(1, commands.Channel.CloseOk()),
+        until=lambda: _sent(harness.upstream_out, commands.Channel.Open),
+        what="the held Channel.Open to reach RabbitMQ",
+    )
     assert [type(m) for _, m in harness.upstream_out.take()] == [commands.Channel.Open]
 
 
@@ -179,9 +253,16 @@ async def test_gateway_frame_waits_for_the_end_of_a_delivery(harness: Harness) -
     )
     await harness.from_upstream(first)
     harness.gateway.removed("/", "q", 2, 2)  # unflow while the delivery is half written
-    await harness.settle()
+    await harness.settle(  # the relay decided to unflow: the Flow frame waits
+        lambda: any(isinstance(e, ChannelFlowRemoved) for e in harness.events),
+        "the refresh that unflows the channel",
+    )
     assert not any(isinstance(m, commands.Channel.Flow) for _, m in harness.client_out.methods())
-    await harness.from_upstream(rest)
+    await harness.from_upstream(
+        rest,
+        until=lambda: _sent(harness.client_out, commands.Channel.Flow),
+        what="the Channel.Flow after the delivery",
+    )
     buffer, frames = FrameReader().feed(bytes(harness.client_out.data))
     assert [f.kind for f in frames] == [1, 2, 3, 3, 1]  # deliver, header, 2 bodies, flow
     assert isinstance(decode_method(frames[-1].payload(buffer)), commands.Channel.Flow)
@@ -196,8 +277,11 @@ async def test_deliveries_are_counted_alike_whole_or_split(harness: Harness, spl
     chunks = message(
         1, commands.Basic.Deliver("ctag", 1, False, "", "q"), b"0123456789", split_body=split
     )
-    await harness.from_upstream(*chunks)
-    assert bytes(harness.client_out.data).endswith(b"".join(chunks))
+    await harness.from_upstream(
+        *chunks,
+        until=lambda: bytes(harness.client_out.data).endswith(b"".join(chunks)),
+        what="the delivery relayed to the client",
+    )
     depth = harness.gateway.depth.get(("/", "q"))
     assert (depth.messages, depth.bytes) == (1, 10)
     await harness.from_client(method(1, commands.Basic.Ack(delivery_tag=1)))
@@ -225,7 +309,7 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
     gateway.routing.declare_queue("/", "q", {})
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 2, "qpid.flow_resume_count": 2})
     relay, client, upstream = connected_relay(gateway)
-    h = Harness(gateway, [], client, client, upstream, upstream)
+    h = Harness(gateway, [], client, client, upstream, upstream, RefreshWatch(gateway))
     await h.from_client(
         PROTOCOL_HEADER, method(1, commands.Channel.Open()), method(2, commands.Channel.Open())
     )
@@ -244,7 +328,11 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
         message(unflowing_channel, commands.Basic.Deliver(tag, n, False, "", "q"), b"a")[0]
         for n in (2, 3)
     ]
-    await h.from_upstream(rest + b"".join(deliveries))  # depth back to 2: unflowed
+    await h.from_upstream(  # depth back to 2: unflowed
+        rest + b"".join(deliveries),
+        until=lambda: len(_flows(bytes(client.data), 1)) >= 2,
+        what="a second Channel.Flow on channel 1",
+    )
     assert not relay.engine.channels[1].blockers
     assert _flows(bytes(client.data), 1) == [False, True]
     client.feed_eof()
@@ -254,7 +342,11 @@ async def test_a_channels_flow_frames_never_overtake_each_other(unflowing_channe
 
 @pytest.mark.asyncio
 async def test_bad_frame_closes_connection_with_frame_error(harness: Harness) -> None:
-    await harness.from_client(b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00")
+    await harness.from_client(
+        b"\x01\x00\x00\x00\x00\x00\x04\x00\x0a\x00\x0b\x00",
+        until=lambda: harness.client_out.closed,
+        what="the client connection closed",
+    )
     ((channel, close),) = harness.client_out.take()
     assert channel == 0
     assert isinstance(close, commands.Connection.Close)
@@ -294,9 +386,7 @@ async def test_client_bytes_before_upstream_is_open_are_relayed_in_order() -> No
     client.feed_data(second)
     opened.set()
     want = first + second
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(upstream.data) < len(want) and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0)
+    await wait_until(lambda: len(upstream.data) >= len(want), "the client's bytes relayed")
     assert bytes(upstream.data) == want
     client.feed_eof()
     upstream.feed_eof()

@@ -27,7 +27,7 @@ from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import Relay
-from tests.broker.fakes import connected_relay
+from tests.broker.fakes import connected_relay, wait_until
 
 
 def _method(channel: int, value: Frame) -> bytes:
@@ -74,11 +74,6 @@ def _gateway() -> Gateway:
     return gateway
 
 
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
 class _Probe:
     """Whether one object is still alive, without keeping it alive: a weak
     reference, or, for classes compiled with mypyc (which take none), its
@@ -120,9 +115,11 @@ class Watched:
 @pytest.mark.parametrize("ending", ["client eof", "client lost", "upstream eof"])
 async def test_closed_relay_is_freed_without_the_collector(ending: str) -> None:
     relay, client, upstream = connected_relay(_gateway())
-    await _settle()
+    await wait_until(
+        lambda: upstream.protocol is not None and not client.paused, "the upstream connection"
+    )
     client.feed_data(_BUSY_CLIENT)
-    await _settle()
+    await wait_until(lambda: not client.pending, "the relay to read the client's bytes")
     assert relay.engine.in_flight == 1
     watched = Watched(relay)
     if ending == "client eof":
@@ -169,10 +166,11 @@ async def test_relay_on_real_sockets_is_freed_without_the_collector() -> None:
         _reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_BUSY_CLIENT)
         await writer.drain()
-        for _ in range(500):
-            if relays and len(relays[0].engine.channels) == 2:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: relays and len(relays[0].engine.channels) == 2,
+            "the client's two channels open",
+            interval=0.01,
+        )
         (relay,) = relays
         watched = Watched(relay)
         sock = writer.get_extra_info("socket")
@@ -181,7 +179,13 @@ async def test_relay_on_real_sockets_is_freed_without_the_collector() -> None:
         await asyncio.wait_for(relay.wait_closed(), 5)
         relays.clear()
         del relay
-        await _settle()  # the transports' own close callbacks
+        # The transports let go of the relay in their own close callbacks.
+        await wait_until(
+            lambda: not watched.alive(),
+            "the relay's parts to be freed by reference counting",
+            interval=0.01,
+            state=watched.alive,
+        )
         assert watched.alive() == []
     finally:
         for end in upstream_ends:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -20,7 +20,7 @@ from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.events import ChannelFlowIgnored, Event
 from rabbitflow_broker.gateway import Gateway
 from rabbitflow_broker.relay import PAUSE_MESSAGES
-from tests.broker.fakes import FakeTransport, connected_relay
+from tests.broker.fakes import FakeTransport, RefreshWatch, connected_relay, wait_until
 from tests.broker.frame_reader import FrameReader
 
 
@@ -40,12 +40,29 @@ class Harness:
     client_in: FakeTransport
     client_out: FakeTransport
     upstream_out: FakeTransport
+    refreshes: RefreshWatch
 
-    async def from_client(self, *chunks: bytes) -> None:
+    async def from_client(
+        self,
+        *chunks: bytes,
+        until: Callable[[], object] | None = None,
+        what: str = "the relay to read the client's bytes",
+    ) -> None:
+        """Feed ``chunks``, then wait until no refresh is due and ``until``
+        holds: by default, until the relay has read every byte fed."""
         for chunk in chunks:
             self.client_in.feed_data(chunk)
-        for _ in range(20):
-            await asyncio.sleep(0)
+        done = until or (lambda: not self.client_in.pending)
+        await wait_until(lambda: not self.refreshes.pending and done(), what)
+
+    async def unread_from_client(self, *chunks: bytes) -> None:
+        """Feed ``chunks`` while the relay does not read the client: they
+        stay in the client's socket, unread."""
+        await self.from_client(
+            *chunks,
+            until=lambda: self.client_in.paused and self.client_in.pending == len(chunks),
+            what="the client's bytes left unread",
+        )
 
 
 def method(value: Frame, channel: int = 1) -> bytes:
@@ -85,9 +102,16 @@ async def _harness(*, blocked_capable: bool) -> AsyncIterator[Harness]:
     gateway.queue_declared("/", "q", {"qpid.flow_stop_count": 1, "qpid.flow_resume_count": 1})
     relay, client_in, upstream_in = connected_relay(gateway)
     client_out, upstream_out = client_in, upstream_in
-    h = Harness(gateway, clock, events, client_in, client_out, upstream_out)
+    h = Harness(gateway, clock, events, client_in, client_out, upstream_out, RefreshWatch(gateway))
     await h.from_client(
-        PROTOCOL_HEADER, start_ok(blocked_capable=blocked_capable), method(commands.Channel.Open())
+        PROTOCOL_HEADER,
+        start_ok(blocked_capable=blocked_capable),
+        method(commands.Channel.Open()),
+        until=lambda: (
+            not client_in.pending
+            and any(isinstance(m, commands.Channel.Open) for _, m in upstream_out.methods())
+        ),
+        what="the Channel.Open to reach RabbitMQ",
     )
     upstream_out.data.clear()
     yield h
@@ -159,7 +183,7 @@ async def test_reading_pauses_after_the_bound_and_resumes_when_unflowed(
     await harness.from_client(flood)
     assert _bodies(harness.upstream_out) == list(range(crossing + 1))
     assert harness.client_in.paused
-    await harness.from_client(publish(999))
+    await harness.unread_from_client(publish(999))
     assert _bodies(harness.upstream_out) == []
     harness.gateway.removed("/", "q", crossing + 1, crossing + 1)
     await harness.from_client()
@@ -171,7 +195,7 @@ async def test_reading_pauses_after_the_bound_and_resumes_when_unflowed(
 @pytest.mark.asyncio
 async def test_capable_client_is_sent_connection_blocked_while_paused(capable: Harness) -> None:
     await capable.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
-    await capable.from_client(publish(999))
+    await capable.unread_from_client(publish(999))
     sent = capable.client_out.take_methods()
     assert any(isinstance(m, commands.Connection.Blocked) for m in sent)
     capable.gateway.removed("/", "q", PAUSE_MESSAGES + 3, PAUSE_MESSAGES + 3)
@@ -186,7 +210,7 @@ async def test_client_without_the_capability_gets_no_connection_blocked(
     harness: Harness,
 ) -> None:
     await harness.from_client(b"".join(publish(i) for i in range(PAUSE_MESSAGES + 3)))
-    await harness.from_client(publish(999))
+    await harness.unread_from_client(publish(999))
     assert not any(
         isinstance(m, commands.Connection.Blocked) for m in harness.client_out.take_methods()
     )
