@@ -1,4 +1,5 @@
-"""Encoders of the few AMQP 0-9-1 frames the gateway sends on its own (pure)."""
+"""Encoders of the few AMQP 0-9-1 frames the gateway sends on its own, and of
+the one RabbitMQ frame it rewrites beyond Connection.Start (pure)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rabbitflow_broker.amqp import (
     CONNECTION_BLOCKED,
     CONNECTION_CLOSE,
     CONNECTION_CLOSE_OK,
+    CONNECTION_FORCED,
     CONNECTION_UNBLOCKED,
     TX_COMMIT_OK,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "connection_blocked",
     "encode_method",
     "flow_frame",
+    "name_node",
 ]
 
 _U16 = struct.Struct(">H")
@@ -90,3 +93,20 @@ CONNECTION_UNBLOCKED_FRAME: Final = encode_method(0, CONNECTION_UNBLOCKED)
 def connection_blocked(reason: str) -> bytes:
     """Connection.Blocked."""
     return encode_method(0, CONNECTION_BLOCKED, _encode_shortstr(reason))
+
+
+def name_node(frame: bytes, node: str) -> bytes:
+    """The Connection.Close method ``frame`` (header to frame-end) with its
+    text naming the RabbitMQ node it came from when its reply code is 320
+    (RabbitMQ's own when a node stops): ``upstream node NODE went away:``
+    then RabbitMQ's text, at most 255 bytes.  The reply code, the failing
+    class and method ids are kept; any other frame is returned unchanged."""
+    if len(frame) < 20 or frame[11] << 8 | frame[12] != CONNECTION_FORCED:
+        return frame
+    text_end = 14 + frame[13]
+    if text_end + 5 != len(frame):  # class id, method id, frame-end
+        return frame
+    prefix = f"upstream node {node} went away: ".encode()
+    named = (prefix + frame[14:text_end])[:255].decode("utf-8", "ignore").encode()
+    payload = frame[7:13] + bytes([len(named)]) + named + frame[text_end:-1]
+    return frame[:3] + _U32.pack(len(payload)) + payload + b"\xce"

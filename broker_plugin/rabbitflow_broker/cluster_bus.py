@@ -30,9 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from pamqp import commands, frame, header, heartbeat
+from pamqp import commands, frame, heartbeat
 from pamqp.base import Frame
 
+from rabbitflow_broker.amqp_open import open_connection, read_method
 from rabbitflow_broker.errors import OutsideError
 
 __all__ = ["BusError", "ControlBus"]
@@ -136,43 +137,22 @@ class ControlBus:
 
     async def _connect(self) -> None:
         host, port = self._nodes[0]
-        self._reader, self._writer = await asyncio.open_connection(host, port)
-        writer = self._writer
-        writer.write(header.ProtocolHeader().marshal())
-        start = await self._method(0)
-        if not isinstance(start, commands.Connection.Start):
-            raise BusError(f"RabbitMQ did not start the connection: {start!r}")
         user, password = self._credentials
-        writer.write(
-            frame.marshal(
-                commands.Connection.StartOk(
-                    client_properties={
-                        "product": "rabbitflow-gateway",
-                        "connection_name": f"rabbitflow cluster {self.cluster} "
-                        f"member {self.member}",
-                    },
-                    mechanism="PLAIN",
-                    response=f"\0{user}\0{password}",
-                ),
-                0,
-            )
+        self._reader, self._writer = await open_connection(
+            host,
+            port,
+            user=user,
+            password=password,
+            vhost="/",
+            name=f"rabbitflow cluster {self.cluster} member {self.member}",
+            error=BusError,
+            what="the cluster bus",
+            heartbeat=max(1, round(self._lease / 4)),
         )
-        tune = await self._method(0)
-        if not isinstance(tune, commands.Connection.Tune):
-            raise BusError(f"RabbitMQ refused the cluster bus login: {tune!r}")
-        beat = max(1, round(self._lease / 4))
-        writer.write(
-            frame.marshal(
-                commands.Connection.TuneOk(
-                    channel_max=tune.channel_max,
-                    frame_max=min(tune.frame_max or 131072, 131072),
-                    heartbeat=beat,
-                ),
-                0,
-            )
-        )
-        writer.write(frame.marshal(commands.Connection.Open(virtual_host="/"), 0))
-        await self._expect(0, commands.Connection.OpenOk, "vhost /")
+        await self._declare_topology(self._writer)
+
+    async def _declare_topology(self, writer: asyncio.StreamWriter) -> None:
+        """The exchange, the owner queue and this member's queue; consume both."""
         writer.write(frame.marshal(commands.Channel.Open(), _CHANNEL))
         await self._expect(_CHANNEL, commands.Channel.OpenOk, "a channel")
         writer.write(
@@ -227,30 +207,15 @@ class ControlBus:
         if not isinstance(reply, kind):
             raise BusError(f"RabbitMQ refused {what}: {reply!r}")
 
-    async def _read(self) -> tuple[int, Any]:
+    async def _method(self, channel: int) -> Frame:
         reader = self._reader
         assert reader is not None
-        head = await reader.readexactly(7)
-        _kind, _number, size = struct.unpack(">BHI", head)
-        rest = await reader.readexactly(size + 1)
-        if rest[-1] != _FRAME_END:
-            raise BusError("malformed frame from RabbitMQ")
-        _, number, value = frame.unmarshal(head + rest)
-        if isinstance(value, commands.Connection.Close):
-            raise BusError(
-                f"RabbitMQ closed the cluster bus: {value.reply_code} {value.reply_text}"
-            )
+        value = await read_method(reader, channel, BusError, "the cluster bus")
         if isinstance(value, commands.Channel.Close):
             raise BusError(
                 f"RabbitMQ closed the bus channel: {value.reply_code} {value.reply_text}"
             )
-        return number, value
-
-    async def _method(self, channel: int) -> Frame:
-        while True:
-            number, value = await self._read()
-            if number == channel and isinstance(value, Frame):
-                return value
+        return value
 
     async def _read_loop(self) -> None:
         reader = self._reader

@@ -17,7 +17,8 @@ req       owner                allowance request (``a``: asked at), with reports
 rep       owner                reports only
 grant     the member           a grant
 free      the member           the queue has no thresholds: no allowance needed
-state     all                  owner, epoch, ON queues, administrator stops
+state     all                  owner, epoch, ON queues, administrator stops, depths
+depth     all                  the owner's depths of the queues in use (each round)
 stops     all                  administrator stops changed on a member
 thr       all                  runtime thresholds set on a member
 ========  ===================  =================================================
@@ -33,7 +34,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
@@ -55,6 +56,9 @@ _log = structlog.get_logger("rabbitflow.broker")
 TICK_S: Final = 0.1
 #: Seconds between broadcasts of the owner's state (also sent on each change).
 STATE_EVERY_S: Final = 1.0
+#: Seconds between the owner's broadcasts of every queue's depth (between
+#: them, each state and each round carry the depths that changed).
+DEPTHS_FULL_EVERY_S: Final = 10.0
 #: At most one "definitions changed" notice per this many seconds.
 DEFS_DEBOUNCE_S: Final = 0.05
 
@@ -107,6 +111,9 @@ class ClusterNode:
         self._refresh_again = False
         self._defs_sent = -math.inf
         self._defs_pending = False
+        #: Owner: each queue's (messages, bytes, flowStoppedCount) as last sent.
+        self._depths_sent: dict[QueueKey, tuple[int, int, int]] = {}
+        self._depths_full = -math.inf
         self.bus = ControlBus(
             cluster=name,
             member=member,
@@ -299,7 +306,15 @@ class ClusterNode:
                 # Unreported grants count as enqueued until RabbitMQ's count says otherwise.
                 self.gateway.remote_depth(key, expired, 0)
             if now - self._state_sent >= STATE_EVERY_S:
-                self._broadcast_state(now)
+                if now - self._depths_full >= DEPTHS_FULL_EVERY_S:
+                    self._depths_full = now
+                    self._depths_sent.clear()  # every depth, for a member that missed some
+                self._broadcast_state(now, self._depths(self.gateway.depth))
+            # Each round: the queues flowed, near their stop or granted for.
+            elif depths := self._depths({*self.gateway.hot_queues(), *owner.ledgers}):
+                self.bus.send(
+                    {"t": "depth", "m": self.member, "e": self.epoch, "d": depths}, to="all"
+                )
 
     def _send_request(self, request: Request) -> None:
         vhost, queue = _key(request.queue)
@@ -336,7 +351,11 @@ class ClusterNode:
             self._become_owner(now)
         if kind == "hello":
             if not to_owner:
-                self.members[str(message["m"])] = (message, now)
+                member = str(message["m"])
+                known = self.members.get(member)
+                if known is None or now - known[1] > self.lease:
+                    self._depths_sent.clear()  # new or back: every depth at the next state
+                self.members[member] = (message, now)
         elif kind in ("req", "rep"):
             if self.owner:
                 self._owner_request(message)
@@ -348,6 +367,8 @@ class ClusterNode:
                 self.gateway.holds_changed({key[0]})
         elif kind == "state":
             self._state(message, now)
+        elif kind == "depth":
+            self._shared_depths(message)
         elif kind == "defs":
             if message["m"] != self.member:
                 self._refresh_soon()
@@ -405,6 +426,16 @@ class ClusterNode:
         self.gateway.set_cluster_flow(on)
         if not self._stops_seen:
             self._apply_stops(message["stops"])
+        self._shared_depths(message)
+
+    def _shared_depths(self, message: dict[str, Any]) -> None:
+        """The owner's depths (a ``depth`` message, or a ``state`` one's ``d``)."""
+        if self.owner or message["m"] == self.member or int(message["e"]) < self.epoch:
+            return
+        depths = message.get("d") or ()
+        shared = {(str(v), str(q)): (int(n), int(b), int(c)) for v, q, n, b, c in depths}
+        if shared:
+            self.gateway.shared_depths(shared)
 
     # -- the owner's duties -----------------------------------------------------------
 
@@ -423,6 +454,7 @@ class ClusterNode:
     def _step_down(self) -> None:
         self.owner = False
         self.owner_book = None
+        self._depths_sent.clear()
 
     def _lost(self) -> None:
         if self.owner:
@@ -430,7 +462,7 @@ class ClusterNode:
         self._step_down()
         self.owner_id = None
 
-    def _broadcast_state(self, now: float) -> None:
+    def _broadcast_state(self, now: float, depths: list[list[Any]] | None = None) -> None:
         if not self.owner:
             return
         self._state_sent = now
@@ -442,9 +474,23 @@ class ClusterNode:
                 "e": self.epoch,
                 "on": [list(key) for key in gateway.flowed_queues()],
                 "stops": [list(stop) for stop in gateway.admin_stop_keys()],
+                "d": depths or [],
             },
             to="all",
         )
+
+    def _depths(self, keys: Iterable[QueueKey]) -> list[list[Any]]:
+        """The owner's [vhost, queue, messages, bytes, flowStoppedCount] of
+        those of ``keys`` that changed since they were last sent."""
+        gateway = self.gateway
+        sent = self._depths_sent
+        out: list[list[Any]] = []
+        for key in keys:
+            view = gateway.depth_view(key)
+            if sent.get(key) != view:
+                sent[key] = view
+                out.append([key[0], key[1], *view])
+        return out
 
     def _owner_request(self, message: dict[str, Any]) -> None:
         owner = self.owner_book

@@ -18,15 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
-from pamqp import commands, frame, header
+from pamqp import commands, frame
 from pamqp.base import Frame
 
+from rabbitflow_broker.amqp_open import open_connection, read_method
 from rabbitflow_broker.depth_source import DepthSources
 from rabbitflow_broker.errors import OutsideError
 from rabbitflow_broker.gateway import Gateway
@@ -36,7 +36,6 @@ __all__ = ["DeclareError", "Declared", "DepthPoll", "PassiveDeclarer"]
 _log = structlog.get_logger("rabbitflow.broker")
 
 _NOT_FOUND = 404
-_FRAME_END = 0xCE
 
 
 class DeclareError(OutsideError):
@@ -165,47 +164,20 @@ class PassiveDeclarer:
 
     async def _open(self) -> None:
         host, port = self._addresses[0]
-        self._reader, self._writer = await asyncio.open_connection(
+        user, password = self._credentials
+        # No heartbeats: every exchange has its own deadline instead.
+        self._reader, self._writer = await open_connection(
             host,
             port,
-            ssl=self._ssl,
-            server_hostname=self._server_hostname if self._ssl is not None else None,
+            user=user,
+            password=password,
+            vhost=self.vhost,
+            name="rabbitflow gateway depth poll",
+            error=DeclareError,
+            what="the depth poll's connection",
+            ssl_context=self._ssl,
+            server_hostname=self._server_hostname,
         )
-        writer = self._writer
-        writer.write(header.ProtocolHeader().marshal())
-        start = await self._method(0)
-        if not isinstance(start, commands.Connection.Start):
-            raise DeclareError(f"RabbitMQ did not start the connection: {start!r}")
-        user, password = self._credentials
-        writer.write(
-            frame.marshal(
-                commands.Connection.StartOk(
-                    client_properties={
-                        "product": "rabbitflow-gateway",
-                        "connection_name": "rabbitflow gateway depth poll",
-                    },
-                    mechanism="PLAIN",
-                    response=f"\0{user}\0{password}",
-                ),
-                0,
-            )
-        )
-        tune = await self._method(0)
-        if not isinstance(tune, commands.Connection.Tune):
-            raise DeclareError(f"RabbitMQ refused the depth poll's login: {tune!r}")
-        # No heartbeats: every exchange has its own deadline instead.
-        writer.write(
-            frame.marshal(
-                commands.Connection.TuneOk(
-                    channel_max=tune.channel_max, frame_max=min(tune.frame_max or 131072, 131072)
-                ),
-                0,
-            )
-        )
-        writer.write(frame.marshal(commands.Connection.Open(virtual_host=self.vhost), 0))
-        opened = await self._method(0)
-        if not isinstance(opened, commands.Connection.OpenOk):
-            raise DeclareError(f"RabbitMQ refused vhost {self.vhost!r}: {opened!r}")
         self._channel = 0
         await self._open_channel()
 
@@ -219,24 +191,10 @@ class PassiveDeclarer:
             raise DeclareError(f"RabbitMQ refused a channel: {opened!r}")
 
     async def _method(self, channel: int) -> Frame:
-        """The next method frame on ``channel`` (heartbeats and frames of
-        closed channels skipped); a connection close raises."""
+        """The next method frame on ``channel``; a connection close raises."""
         reader = self._reader
         assert reader is not None
-        while True:
-            head = await reader.readexactly(7)
-            _kind, number, size = struct.unpack(">BHI", head)
-            rest = await reader.readexactly(size + 1)
-            if rest[-1] != _FRAME_END:
-                raise DeclareError("malformed frame from RabbitMQ")
-            _, number, value = frame.unmarshal(head + rest)
-            if isinstance(value, commands.Connection.Close):
-                raise DeclareError(
-                    f"RabbitMQ closed the depth poll's connection: {value.reply_code} "
-                    f"{value.reply_text}"
-                )
-            if number == channel and isinstance(value, Frame):
-                return value
+        return await read_method(reader, channel, DeclareError, "the depth poll's connection")
 
     def _drop(self) -> None:
         writer, self._writer, self._reader = self._writer, None, None

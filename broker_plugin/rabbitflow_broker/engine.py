@@ -103,6 +103,7 @@ class Engine(Connection, Session):
         # Channels the gateway closed upstream, awaiting RabbitMQ's CloseOk:
         # frames of a client that reopens the number meanwhile wait here.
         self.upstream_closing: dict[int, list[bytes]] = {}
+        self.upstream_node = ""
         self.from_client = FromClient()
         self.from_upstream = FromUpstream()
         self.state = Lifecycle()
@@ -128,9 +129,12 @@ class Engine(Connection, Session):
         self._started = now
         return self._finish()
 
-    def upstream_connected(self, now: float) -> Actions:
-        """The upstream socket is open: relay what the client sent meanwhile."""
+    def upstream_connected(self, now: float, node: str = "") -> Actions:
+        """The upstream socket is open (to RabbitMQ node ``node``, "host:port"):
+        relay what the client sent meanwhile.  A Connection.Close 320 from
+        RabbitMQ (the node stopping) reaches the client naming ``node``."""
         self._begin(now)
+        self.upstream_node = node
         self.state.move(Event.UPSTREAM_CONNECTED)
         self.parse_client(b"")
         return self._finish()

@@ -51,6 +51,8 @@ class Connection:
     settings: EngineSettings
     channels: dict[int, Channel]
     upstream_closing: dict[int, list[bytes]]
+    #: The RabbitMQ node ("host:port") the upstream connection went to ("" unknown).
+    upstream_node: str
     #: Whether a route is blocked, as of the last refresh.
     route_blocked: Callable[[Route], bool]
 

@@ -20,6 +20,7 @@ from rabbitflow_broker.amqp import (
     u32,
     u64,
 )
+from rabbitflow_broker.amqp_encode import name_node
 from rabbitflow_broker.engine_channel import Channel, Connection
 from rabbitflow_broker.engine_io import Inbound, Out, content_unit
 from rabbitflow_broker.errors import FrameError
@@ -128,14 +129,7 @@ class FromUpstream:
                     down.keep(buf, pos, unit_end)
                     pos = unit_end
                     continue
-            if (
-                number == 0
-                and kind == FRAME_METHOD
-                and size >= 4
-                and u32(buf, pos + 7) == amqp.CONNECTION_START
-            ):
-                # Once per connection: say that a gateway answers, not RabbitMQ.
-                down.add(amqp.announce_gateway(bytes(buf[pos:end]), conn.settings.server))
+            if number == 0 and kind == FRAME_METHOD and _rewritten(conn, buf, pos, end, down):
                 pos = end
                 continue
             if self._frame(conn, buf, pos, end, kind, number, channel, up):
@@ -194,3 +188,20 @@ class FromUpstream:
         if channel is None:
             return True
         return channel.upstream_method(method, bytes(buf[pos + 7 : end - 1]))
+
+
+def _rewritten(conn: Connection, buf: bytes, pos: int, end: int, down: Out) -> bool:
+    """A connection method from RabbitMQ that the client gets rewritten (sent
+    to ``down`` here: True): Connection.Start says that a gateway answers,
+    not RabbitMQ; a Connection.Close 320 (a node stopping) names the node."""
+    if end - pos < 12:
+        return False
+    method = u32(buf, pos + 7)
+    if method == amqp.CONNECTION_START:
+        down.add(amqp.announce_gateway(bytes(buf[pos:end]), conn.settings.server))
+        return True
+    if method == amqp.CONNECTION_CLOSE and conn.upstream_node:
+        conn.upstream_connection_method(method)  # the client's Close-Ok goes to RabbitMQ
+        down.add(name_node(bytes(buf[pos:end]), conn.upstream_node))
+        return True
+    return False

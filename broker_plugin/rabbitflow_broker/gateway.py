@@ -190,6 +190,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         self._held: set[QueueKey] = _NO_HOLDS
         self._flowed: set[QueueKey] = _NO_HOLDS
         self._book: MemberBook | None = None
+        self._shared: dict[QueueKey, tuple[int, int, int]] = {}  # see AdminViewsMixin
 
     def join_cluster(self, cluster: ClusterLink) -> None:
         """Make this hub a cluster member's: the owner decides every queue's
@@ -367,6 +368,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         self.depth.forget(key)
         machine = self._flows.pop(key, None)
         self._sources.pop(key, None)
+        self._shared.pop(key, None)
         self._stopped.discard(key)
         self._near.discard(key)
         if machine is not None and machine.stopped:
@@ -673,6 +675,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
     def take_ownership(self) -> None:
         """This member now owns the accounting: its machines start from the
         cluster's state as last broadcast, then judge the depth they see."""
+        self._shared.clear()
         for key in list(self._flows):
             self._observe(key)
 
@@ -682,6 +685,11 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         changes = self._pending()
         if changes is not None:
             changes.vhosts.update(vhosts)
+
+    def shared_depths(self, shared: dict[QueueKey, tuple[int, int, int]]) -> None:
+        """The owner's depth and flowStoppedCount of these queues (a member
+        that does not own the accounting): the admin API shows them."""
+        self._shared.update(shared)
 
     def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
         """Owner: other members enqueued (positive) or removed (negative)
@@ -695,23 +703,6 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             or (depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes)
         ):
             self._observe(key)
-
-    def flowed_queues(self) -> list[QueueKey]:
-        """Queues overfull (flow ON) as this hub decided or was told."""
-        return sorted(self._stopped)
-
-    def admin_stop_keys(self) -> list[tuple[str | None, str | None]]:
-        """Administrator stops as (vhost, queue) pairs, oldest first."""
-        return list(self._admin_stops)
-
-    def queue_on(self, key: QueueKey) -> bool:
-        """Whether the queue is overfull (flow ON), as this hub knows it."""
-        return key in self._stopped
-
-    def hot_queues(self) -> list[QueueKey]:
-        """Queues whose depth matters now: flowed (ON) or near their stop
-        threshold (OFF at or above a resume threshold)."""
-        return [*self._stopped, *(self._near - self._stopped)]
 
     def published(self, vhost: str, route: Route, size: int) -> None:
         """A publish routed to ``route`` was relayed (or a transaction committed)."""

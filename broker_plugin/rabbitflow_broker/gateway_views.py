@@ -20,7 +20,7 @@ from rabbitflow_broker.events import ALL_QUEUES
 from rabbitflow_broker.flow import QueueFlow, Thresholds, ThresholdsSource
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.gateway import Connection
+    from rabbitflow_broker.gateway import ClusterLink, Connection
 
 __all__ = ["AdminViewsMixin", "BlockedChannel", "QueueSnapshot"]
 
@@ -89,10 +89,48 @@ class AdminViewsMixin:
     _connections: dict[int, Connection]
     _queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]]
     _sources: dict[QueueKey, ThresholdsSource]
+    _flows: dict[QueueKey, QueueFlow]
+    _stopped: set[QueueKey]
+    _near: set[QueueKey]
+    _admin_stops: dict[tuple[str | None, str | None], None]
+    # In a cluster: the owner's depth (messages, bytes) and flowStoppedCount of
+    # each queue as last published (a member that does not own the accounting shows these).
+    _shared: dict[QueueKey, tuple[int, int, int]]
+    cluster: ClusterLink | None
 
     def flow(self, key: QueueKey) -> QueueFlow:
         """Gateway's (a trait: compiled, Gateway mixes it in)."""
         raise NotImplementedError
+
+    # -- flow state ----------------------------------------------------------
+
+    def flowed_queues(self) -> list[QueueKey]:
+        """Queues overfull (flow ON) as this hub decided or was told."""
+        return sorted(self._stopped)
+
+    def admin_stop_keys(self) -> list[tuple[str | None, str | None]]:
+        """Administrator stops as (vhost, queue) pairs, oldest first."""
+        return list(self._admin_stops)
+
+    def queue_on(self, key: QueueKey) -> bool:
+        """Whether the queue is overfull (flow ON), as this hub knows it."""
+        return key in self._stopped
+
+    def hot_queues(self) -> list[QueueKey]:
+        """Queues whose depth matters now: flowed (ON) or near their stop
+        threshold (OFF at or above a resume threshold)."""
+        return [*self._stopped, *(self._near - self._stopped)]
+
+    def depth_view(self, key: QueueKey) -> tuple[int, int, int]:
+        """The queue's depth (messages, bytes) and flowStoppedCount as this
+        hub counts them (a cluster's owner publishes these to the others)."""
+        depth = self.depth.get(key) if key in self.depth else None
+        machine = self._flows.get(key)
+        return (
+            depth.messages if depth is not None else 0,
+            depth.bytes if depth is not None else 0,
+            machine.flow_stopped_count if machine is not None else 0,
+        )
 
     # -- snapshots -----------------------------------------------------------
 
@@ -109,10 +147,17 @@ class AdminViewsMixin:
         return [c for conn in self._connections.values() for c in conn.blocked_channels()]
 
     def snapshot(self, vhost: str, name: str) -> QueueSnapshot:
-        """The admin API view of one queue."""
+        """The admin API view of one queue.  A cluster member that does not own
+        the accounting shows the owner's: its flow state as last told, its
+        depth and flowStoppedCount as last published (until then its own)."""
         key = (vhost, name)
         machine = self.flow(key)
-        depth = self.depth.get(key)
+        messages, size, stopped_count = self.depth_view(key)
+        stopped = machine.stopped
+        cluster = self.cluster
+        if cluster is not None and not cluster.owner:
+            messages, size, stopped_count = self._shared.get(key, (messages, size, stopped_count))
+            stopped = key in self._stopped
         blocked = tuple(
             c
             for c in self.blocked_channels()
@@ -121,12 +166,12 @@ class AdminViewsMixin:
         return QueueSnapshot(
             vhost=vhost,
             name=name,
-            messages=depth.messages,
-            bytes=depth.bytes,
+            messages=messages,
+            bytes=size,
             thresholds=machine.thresholds,
             source=self._sources.get(key, "none"),
-            flow_stopped=machine.stopped,
-            flow_stopped_count=machine.flow_stopped_count,
+            flow_stopped=stopped,
+            flow_stopped_count=stopped_count,
             blocked_channels=blocked,
             flow_stopped_seconds=machine.stopped_seconds(self._clock()),
         )

@@ -192,7 +192,7 @@ class Relay(EngineViews, asyncio.Protocol):
         if self._pump.closing:  # the client left meanwhile
             transport.close()
             return
-        self._pump.perform(self.engine.upstream_connected(self._now()))
+        self._pump.perform(self.engine.upstream_connected(self._now(), self._node or ""))
         self._resume("connecting")
 
     async def _connect_upstream(self, host: str, port: int) -> asyncio.BaseTransport:

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pika
 import pytest
@@ -376,3 +377,69 @@ def test_thresholds_and_administrator_stops_apply_on_every_member_within_a_secon
         wait_for(lambda: producer.confirmed >= CAPACITY, timeout=5, what="released everywhere")
     finally:
         _finish([producer])
+
+
+#: How far two members' depths of one queue may differ: what one round of
+#: reports or expired grants may move the owner's count by (a batch per member).
+DEPTH_TOLERANCE = 2 * BATCH
+
+
+def _listed(member: Member, queue: str) -> dict[str, Any]:
+    status, body = member.http("GET", "/api/queues")
+    assert status == 200, body
+    return dict(next(q for q in body if q["name"] == queue))
+
+
+@pytest.mark.slow
+def test_every_member_lists_the_cluster_wide_depth_and_flow_state(
+    cluster_members: Callable[..., list[Member]],
+    unique_name: Callable[[str], str],
+    cleanup_queues: list[str],
+) -> None:
+    """While a queue is flowed, /api/queues on a member that does not own its
+    accounting shows the owner's flow state, flowStoppedCount and depth (within
+    DEPTH_TOLERANCE).  RabbitMQ's own counts are asked for only once a minute
+    here, so what each member shows comes from the cluster: a member alone
+    counts only what its own producers sent."""
+    members = cluster_members(
+        2,
+        cluster_batch=BATCH,
+        cluster_lease=LEASE_MS,
+        reconcile_interval=60_000,
+        depth_poll_interval=60_000,
+    )
+    owner = _owner(members, _ready_cluster(members))
+    other = next(m for m in members if m is not owner)
+    queue = unique_name("cluster")
+    cleanup_queues.append(queue)
+    _declare(other, queue)
+    producers = _run_producers(members, queue)  # through both members
+
+    seen: list[dict[str, Any]] = []
+
+    def agreed() -> bool:
+        mine, theirs = _listed(owner, queue), _listed(other, queue)
+        seen[:] = [mine, theirs]
+        return bool(
+            mine["flowStopped"] is theirs["flowStopped"] is True
+            and mine["flowStoppedCount"] == theirs["flowStoppedCount"]
+            and abs(mine["messages"] - theirs["messages"]) <= DEPTH_TOLERANCE
+        )
+
+    try:
+        wait_for(
+            lambda: _flow_stopped_everywhere(members, queue, True),
+            timeout=30,
+            what="flowStopped on every member",
+        )
+        _check(producers)
+        # Flowed: the producers wait, and every member shows the owner's figures.
+        for _ in range(10):
+            try:
+                wait_for(agreed, timeout=2, interval=0.05)
+            except pytest.fail.Exception:
+                pytest.fail(f"the members disagree: the owner lists {seen[0]}, the other {seen[1]}")
+            assert seen[1]["messages"] > STOP, seen  # over its stop threshold, as the owner says
+            time.sleep(0.1)  # the next sample: a later round of the owner's
+    finally:
+        _finish(producers)

@@ -171,7 +171,7 @@ def test_leader_node_stopped_clients_reconnect_nothing_lost_bound_holds(
             producer.start()
         # Past the stop threshold (the consumer is slower than the producers).
         wait_for(lambda: all(len(p.accepted) > 100 for p in producers), timeout=60, what="flowing")
-        leader.stop()  # graceful: its connections get 320 and the queue a new leader
+        leader.stop()  # graceful: its connections get 320 naming it, the queue a new leader
         closed = []
         for conn in raw:
             try:
@@ -183,6 +183,9 @@ def test_leader_node_stopped_clients_reconnect_nothing_lost_bound_holds(
                 conn.close()
         assert closed, "no client connection was on the stopped node"
         assert all(code == 320 for code, _ in closed), closed
+        # RabbitMQ's own close (a clean stop), naming the node that went away.
+        gone = f"upstream node 127.0.0.1:{leader.amqp_port} went away: CONNECTION_FORCED - "
+        assert all(text.startswith(gone) and "shutdown" in text for _, text in closed), closed
         for producer in producers:
             producer.join(180)
             assert not producer.is_alive(), f"producer {producer.pid} still sending"

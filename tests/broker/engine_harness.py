@@ -127,6 +127,7 @@ def wire(
     handshake: float | None = 10.0,
     login: bool = True,
     connected: bool = True,
+    node: str = "",
 ) -> Wire:
     """An engine relaying one logged-in connection; queue ``q`` flows above ``stop_count``."""
     events: list[Event] = []
@@ -151,7 +152,7 @@ def wire(
     w = Wire(gateway, engine, events)
     w._take(engine.start(w.now))
     if connected:
-        w._take(engine.upstream_connected(w.now))
+        w._take(engine.upstream_connected(w.now, node))
     if login:
         w.client(PROTOCOL_HEADER)
         w.upstream(method(0, commands.Connection.Start()))

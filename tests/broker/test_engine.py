@@ -6,6 +6,7 @@ import itertools
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
@@ -365,3 +366,53 @@ def test_a_frame_completed_by_the_next_read_stops_a_flowed_stream_as_one_read_wo
         split.client(stream[: stop - back], stream[stop - back :])
         assert bytes(split.to_upstream) == bytes(whole.to_upstream)
         assert split.engine.from_client.inbound.pending == whole.engine.from_client.inbound.pending
+
+
+def _rabbitmq_close(code: int, text: str) -> bytes:
+    return method(
+        0, commands.Connection.Close(reply_code=code, reply_text=text, class_id=0, method_id=0)
+    )
+
+
+SHUTDOWN = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+
+
+def test_a_node_stopping_reaches_the_client_as_320_naming_the_node() -> None:
+    w = wire(node="10.0.0.2:5672")
+    w.upstream(deliver(1, "c", 1), _rabbitmq_close(320, SHUTDOWN))
+    got = w.client_methods()
+    assert isinstance(got[0][1], commands.Basic.Deliver)  # what came before goes first
+    ((channel, close),) = got[1:]
+    assert channel == 0
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_code == 320
+    assert close.reply_text == f"upstream node 10.0.0.2:5672 went away: {SHUTDOWN}"
+    assert (close.class_id, close.method_id) == (0, 0)
+    # The close handshake is RabbitMQ's: the client's Close-Ok goes to it.
+    close_ok = method(0, commands.Connection.CloseOk())
+    w.client(close_ok)
+    assert bytes(w.to_upstream) == close_ok
+
+
+@pytest.mark.parametrize(("code", "text"), [(530, "NOT_ALLOWED - vhost gone"), (403, "ACCESS")])
+def test_other_closes_from_rabbitmq_reach_the_client_unchanged(code: int, text: str) -> None:
+    w = wire(node="10.0.0.2:5672")
+    close = _rabbitmq_close(code, text)
+    w.upstream(close)
+    assert bytes(w.to_client) == close
+
+
+def test_a_320_is_unchanged_when_the_node_is_unknown() -> None:
+    w = wire()
+    close = _rabbitmq_close(320, SHUTDOWN)
+    w.upstream(close)
+    assert bytes(w.to_client) == close
+
+
+def test_a_long_320_text_is_cut_to_255_bytes() -> None:
+    w = wire(node="rabbit-node-with-a-long-name.example.com:5672")
+    w.upstream(_rabbitmq_close(320, "CONNECTION_FORCED - " + "é" * 110))
+    ((_, close),) = w.client_methods()
+    assert isinstance(close, commands.Connection.Close)
+    assert close.reply_text.startswith("upstream node rabbit-node-with-a-long-name")
+    assert 250 <= len(close.reply_text.encode()) <= 255

@@ -30,7 +30,7 @@ _PIPELINE = "the pipeline's plan-of-steps rework"
 MODULES_ALLOWED: dict[str, tuple[int, str]] = {
     "client/rabbitflow/_connection.py": (680, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/config_cli.py": (657, _SPLIT_LATER),
-    "broker_plugin/rabbitflow_broker/gateway.py": (770, "the hub, into parts behind a facade"),
+    "broker_plugin/rabbitflow_broker/gateway.py": (761, "the hub, into parts behind a facade"),
     "pipeline/rabbitflow_pipeline/cli.py": (831, _PIPELINE),
     "pipeline/rabbitflow_pipeline/incremental.py": (872, _PIPELINE),
     "pipeline/rabbitflow_pipeline/transforms.py": (1526, "split by the table each part builds"),
@@ -42,7 +42,6 @@ _PARSER = "one argument definition after another: long, not complex"
 #: Functions over MAX_FUNCTION_LINES lines: path:name -> the most lines allowed, and why.
 FUNCTIONS_ALLOWED: dict[str, tuple[int, str]] = {
     "broker_plugin/rabbitflow_broker/engine_client.py:FromClient._scan_client": (78, _HOT_LOOP),
-    "broker_plugin/rabbitflow_broker/engine_upstream.py:FromUpstream._scan": (62, _HOT_LOOP),
     "broker_plugin/rabbitflow_broker/config.py:build_parser": (108, _PARSER),
     "broker_plugin/rabbitflow_broker/config_cli.py:build_parser": (127, _PARSER),
     "broker_plugin/rabbitflow_broker/config.py:GatewayConfig.__post_init__": (
@@ -52,7 +51,6 @@ FUNCTIONS_ALLOWED: dict[str, tuple[int, str]] = {
     "broker_plugin/rabbitflow_broker/demo.py:_run_against": (146, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/gateway.py:Gateway.set_runtime_thresholds": (70, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/service.py:GatewayService.start": (63, _SPLIT_LATER),
-    "broker_plugin/rabbitflow_broker/cluster_bus.py:ControlBus._connect": (87, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/metrics.py:GatewayCollector._queue_metrics": (
         63,
         _SPLIT_LATER,

@@ -1,0 +1,95 @@
+"""What a cluster member's admin API shows of a queue whose accounting
+another member owns: the owner's flow state, depth and flowStoppedCount."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rabbitflow_broker.cluster_book import MemberBook, QueueKey
+from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.flow import Thresholds
+from rabbitflow_broker.gateway import Gateway
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+KEY = ("/", "orders")
+
+
+class Member:
+    """The hub's side of a cluster member (the bus is not under test here)."""
+
+    def __init__(self) -> None:
+        self.owner = False
+        self.book = MemberBook("m1", batch=10, lease=2.0)
+
+    def kick(self) -> None:
+        pass
+
+    def removed(self, key: QueueKey, messages: int, size: int) -> None:
+        pass
+
+    def flow_changed(self, key: QueueKey, stopped: bool) -> None:
+        pass
+
+    def stops_changed(self) -> None:
+        pass
+
+    def definitions_changed(self, vhost: str) -> None:
+        pass
+
+    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
+        pass
+
+
+def _member_gateway() -> tuple[Gateway, Member]:
+    gateway = Gateway(GatewayConfig(), sink=lambda event: None, clock=lambda: NOW)
+    gateway.routing.declare_queue(*KEY, {})
+    gateway.queue_declared(*KEY, {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5})
+    member = Member()
+    gateway.join_cluster(member)
+    return gateway, member
+
+
+def _shown(gateway: Gateway) -> tuple[int, int, bool, int]:
+    snap = gateway.snapshot(*KEY)
+    return snap.messages, snap.bytes, snap.flow_stopped, snap.flow_stopped_count
+
+
+def test_a_member_shows_its_own_count_until_the_owner_publishes_one() -> None:
+    gateway, _ = _member_gateway()
+    gateway.published("/", frozenset({"orders"}), 100)
+    assert _shown(gateway) == (1, 100, False, 0)
+    gateway.set_cluster_flow({KEY})
+    gateway.shared_depths({KEY: (42, 4200, 3)})
+    assert _shown(gateway) == (42, 4200, True, 3)
+    assert [q.to_json()["messages"] for q in gateway.snapshots()] == [42]
+
+
+def test_the_owners_flow_state_is_shown_whatever_the_members_own_depth() -> None:
+    gateway, _ = _member_gateway()
+    for _ in range(12):  # over stop here: the owner decides, not this member
+        gateway.published("/", frozenset({"orders"}), 1)
+    assert _shown(gateway)[2] is False
+    gateway.set_cluster_flow({KEY})
+    gateway.remote_depth(KEY, -12, -12)  # its own count falls under resume
+    assert _shown(gateway)[2] is True
+    gateway.set_cluster_flow(set())
+    assert _shown(gateway)[2] is False
+
+
+def test_the_owner_shows_its_own_count_and_publishes_it() -> None:
+    gateway, member = _member_gateway()
+    gateway.shared_depths({KEY: (42, 4200, 3)})
+    member.owner = True
+    gateway.take_ownership()
+    gateway.published("/", frozenset({"orders"}), 100)
+    assert _shown(gateway) == (1, 100, False, 0)
+    assert gateway.depth_view(KEY) == (1, 100, 0)
+    assert gateway.depth_view(("/", "unknown")) == (0, 0, 0)
+
+
+def test_a_deleted_queue_forgets_the_owners_count() -> None:
+    gateway, _ = _member_gateway()
+    gateway.shared_depths({KEY: (42, 4200, 3)})
+    gateway.queue_deleted(*KEY)
+    gateway.queue_declared(*KEY, {"qpid.flow_stop_count": 10})
+    assert _shown(gateway)[:2] == (0, 0)
