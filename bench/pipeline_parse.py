@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 from bench.pipeline_throughput import _jvm_cpu, _read_through, _side
-from rabbitflow_pipeline import transforms as tf
-from rabbitflow_pipeline.cli import build_session, read_events
+from rabbitflow_pipeline import inputs
+from rabbitflow_pipeline.inputs import classify_events
+from rabbitflow_pipeline.readers import read_events
+from rabbitflow_pipeline.session import build_session
 
 
 def main() -> int:
@@ -38,7 +40,7 @@ def main() -> int:
         parser.error(f"no generated logs in {data}: run bench/pipeline_throughput.py first")
     files = sorted(str(p) for p in data.glob("gateway-*.jsonl"))[: args.files]
     _read_through(files)
-    print(f"pipeline code: {tf.__file__}")
+    print(f"pipeline code: {inputs.__file__}")
     spark = build_session(args.master, "rabbitflow-bench-parse")
     try:
         spark.read.json(files[:1]).limit(1000).count()
@@ -47,9 +49,7 @@ def main() -> int:
             spark.read.json(files).count()
             baseline = _side(time.monotonic() - started, cpu, _jvm_cpu(spark))
             cpu, started = _jvm_cpu(spark), time.monotonic()
-            tf.classify_events(read_events(spark, files)).write.format("noop").mode(
-                "overwrite"
-            ).save()
+            classify_events(read_events(spark, files)).write.format("noop").mode("overwrite").save()
             parse = _side(time.monotonic() - started, cpu, _jvm_cpu(spark))
             ratio = parse.by_group["tasks"] / baseline.by_group["tasks"]
             print(f"repeat {number}:")

@@ -7,7 +7,7 @@ same count), then times, side by side in one JVM:
 
 * baseline: ``spark.read.json(files).count()`` on the same files;
 * analysis: every table of ``rabbitflow-analyze`` and ``report.html``
-  (:func:`rabbitflow_pipeline.cli.analyze`).
+  (:func:`rabbitflow_pipeline.batch.analyze`).
 
 Each round (``--rounds``, default 2) runs the two in turn in a new Spark
 session of one Spark application: the first round is the analysis's first
@@ -38,9 +38,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from rabbitflow_pipeline.cli import AnalysisResult, analyze, build_session
+from rabbitflow_pipeline.batch import AnalysisResult, analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import StepResult, run_step
+from rabbitflow_pipeline.session import build_session
 
 TARGET_RATIO = 2.5
 FIRST_TARGET_RATIO = 3.0

@@ -178,7 +178,6 @@ class GatewayService:
         # back beyond it.
         await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
         self._tasks.append(asyncio.create_task(self.collector.run(), name="gc-full"))
-        self._tasks.append(asyncio.create_task(self.descriptors.watch(), name="fd-watch"))
         backlog = self.config.listen_backlog
         # --workers N: the N processes share the port; the kernel spreads connections.
         reuse_port = self.config.workers > 1 or None
@@ -238,6 +237,7 @@ class GatewayService:
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
             asyncio.create_task(self._depth_poll_loop(), name="depth-poll"),
             asyncio.create_task(self._store_loop(), name="store-quota"),
+            asyncio.create_task(self.descriptors.watch(), name="fd-watch"),
         ]
 
     def _not_ready_yet(self, _state: tenacity.RetryCallState) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from rabbitflow_pipeline.cli import build_session, main
+from rabbitflow_pipeline.cli import main
+from rabbitflow_pipeline.session import build_session
 
 
 def run(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from integration.broker.conftest import RunningGateway, wait_for
-from rabbitflow_pipeline.cli import analyze
+from rabbitflow_pipeline.batch import analyze
 
 pytestmark = pytest.mark.spark
 

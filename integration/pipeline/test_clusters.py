@@ -31,7 +31,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pyspark
 import pytest
 
-from rabbitflow_pipeline.cli import TABLES
+from rabbitflow_pipeline.batch import TABLES
 from rabbitflow_pipeline.generate import generate
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from integration.broker.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
 from rabbitflow_pipeline import publish_dataframe
-from rabbitflow_pipeline.cli import analyze
+from rabbitflow_pipeline.batch import analyze
 from rabbitflow_pipeline.sink import ROW_ID_HEADER
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -2,8 +2,8 @@
 flow-controlled DataFrame sink.
 
 ``rabbitflow-analyze`` (:func:`rabbitflow_pipeline.cli.main`) is the job;
-the transforms live in :mod:`rabbitflow_pipeline.transforms`, the schemas in
-:mod:`rabbitflow_pipeline.schemas`.
+its plan of steps is :mod:`rabbitflow_pipeline.plan` (one module per table
+each step builds), the schemas are in :mod:`rabbitflow_pipeline.schemas`.
 """
 
 from rabbitflow_pipeline.sink import SinkError, publish_dataframe

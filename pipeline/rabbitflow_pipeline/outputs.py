@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.episodes import episode_timeline
 
 __all__ = [
     "TIMELINE_BUCKETS",
     "TIMELINE_QUEUES",
     "Kept",
+    "Phases",
     "open_now",
     "rows",
     "utc",
@@ -125,7 +127,7 @@ def timeline_rows(
     if not top:
         return []
     frame = queue_frame(spark, top)
-    return rows(tf.episode_timeline(episodes, window, frame, TIMELINE_BUCKETS))
+    return rows(episode_timeline(episodes, window, frame, TIMELINE_BUCKETS))
 
 
 class Kept:
@@ -170,3 +172,20 @@ class Kept:
                 # Blocking: the removal finishes here, not in a pool that a
                 # session stopped right after the run would already have shut.
                 plan.rdd().unpersist(True)
+
+
+class Phases:
+    """Seconds spent in each phase of a run; ``hook`` sees each phase's name as it ends."""
+
+    def __init__(self, hook: Callable[[str], None] | None = None) -> None:
+        self.started = self._mark = time.monotonic()
+        self.seconds: dict[str, float] = {}
+        self._hook = hook
+
+    def passed(self, name: str) -> None:
+        """Phase ``name`` ends now."""
+        now = time.monotonic()
+        self.seconds[name] = now - self._mark
+        self._mark = now
+        if self._hook is not None:
+            self._hook(name)

@@ -31,9 +31,6 @@ MODULES_ALLOWED: dict[str, tuple[int, str]] = {
     "client/rabbitflow/_connection.py": (680, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/config_cli.py": (657, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/gateway.py": (761, "the hub, into parts behind a facade"),
-    "pipeline/rabbitflow_pipeline/cli.py": (831, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/incremental.py": (872, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py": (1526, "split by the table each part builds"),
 }
 
 _HOT_LOOP = "the compiled hot loop, inlined on purpose: a call per frame costs more"
@@ -58,23 +55,13 @@ FUNCTIONS_ALLOWED: dict[str, tuple[int, str]] = {
     "broker_plugin/rabbitflow_broker/routing.py:RoutingTable.route": (61, _SPLIT_LATER),
     "client/rabbitflow/_transport.py:PikaTransport.connect": (61, _SPLIT_LATER),
     "client/rabbitflow/aio/_transport.py:AioTransport.connect": (64, _SPLIT_LATER),
-    "pipeline/rabbitflow_pipeline/cli.py:parse_queue_limits": (63, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/cli.py:analyze": (212, _PIPELINE),
     "pipeline/rabbitflow_pipeline/cli.py:_parser": (64, _PARSER),
     "pipeline/rabbitflow_pipeline/generate.py:_block_client_lines": (65, _PIPELINE),
     "pipeline/rabbitflow_pipeline/generate.py:_queue_events": (69, _PIPELINE),
     "pipeline/rabbitflow_pipeline/generate.py:_store_events": (65, _PIPELINE),
     "pipeline/rabbitflow_pipeline/generate.py:_write_gateway": (71, _PIPELINE),
     "pipeline/rabbitflow_pipeline/generate.py:generate": (63, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/incremental.py:run_step": (93, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/incremental.py:_aggregates": (69, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/incremental.py:_report": (64, _PIPELINE),
     "pipeline/rabbitflow_pipeline/report.py:render_report": (83, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py:_completed": (76, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py:classify_events": (61, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py:pair_candidates": (167, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py:episode_timeline": (63, _PIPELINE),
-    "pipeline/rabbitflow_pipeline/transforms.py:advice_from": (214, "advice as rules as data"),
 }
 
 _NARROW = "JMS objects to talk through narrow context objects"

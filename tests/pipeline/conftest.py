@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from rabbitflow_pipeline.cli import SPARK_CONF
+from rabbitflow_pipeline.session import SPARK_CONF
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,7 +45,7 @@ def spark() -> Iterator[SparkSession]:
         # Adaptive execution stays on, as in the job (Spark's default).
         .config("spark.sql.adaptive.enabled", "true")
     )
-    # The settings the job's own session runs with (rabbitflow_pipeline.cli).
+    # The settings the job's own session runs with (rabbitflow_pipeline.session).
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

@@ -14,7 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.events import ChannelEvent, Event, QueueEvent, StoreEvent
-from rabbitflow_pipeline.cli import analyze, main
+from rabbitflow_pipeline.batch import analyze
+from rabbitflow_pipeline.cli import main
 
 from .logs import (
     at,

@@ -13,7 +13,9 @@ from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.config import GatewayConfig
 from rabbitflow_broker.gateway import Gateway
-from rabbitflow_pipeline.cli import TABLES, QueueLimitsError, analyze, main, parse_queue_limits
+from rabbitflow_pipeline.batch import TABLES, analyze
+from rabbitflow_pipeline.cli import main
+from rabbitflow_pipeline.limits import QueueLimitsError, parse_queue_limits
 
 from .logs import at, client_line, enforced, line, over, removed, store_over, under
 

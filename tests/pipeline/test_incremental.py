@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.events import Event
-from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.batch import TABLES, analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import (
     STATE_DIR,

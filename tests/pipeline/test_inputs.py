@@ -10,7 +10,8 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.inputs import IGNORED, classify_events, parse_event_lines
+from rabbitflow_pipeline.malformed import malformed_summary
 
 from .logs import GW_A, at, line, lines_df, over
 
@@ -24,7 +25,7 @@ SPEC_EXAMPLE = (
 
 
 def parsed_of(spark: SparkSession, *texts: str) -> DataFrame:
-    return tf.parse_event_lines(lines_df(spark, [(GW_A, text) for text in texts]))
+    return parse_event_lines(lines_df(spark, [(GW_A, text) for text in texts]))
 
 
 def test_broker_j_overfull_line_gives_its_vhost_queue_time_and_figures(
@@ -84,8 +85,8 @@ def test_broker_j_lines_of_other_codes_are_ignored_not_malformed(spark: SparkSes
         "[con:3(guest@/127.0.0.1:40029/test)] CON-1001 : Open : Client ID : x"
     )
     parsed = parsed_of(spark, text)
-    assertDataFrameEqual(parsed.select("malformed_reason"), [(tf.IGNORED,)])
-    assert tf.malformed_summary(parsed).count() == 0
+    assertDataFrameEqual(parsed.select("malformed_reason"), [(IGNORED,)])
+    assert malformed_summary(parsed).count() == 0
 
 
 def test_text_lines_that_are_not_events_name_their_reason(spark: SparkSession) -> None:
@@ -147,11 +148,11 @@ def test_per_row_parse_code_stays_small_enough_for_the_jit(
     interpreted): the recovery from subject and message must not grow the stage's loop
     past that (13,896 bytes when every recovery was written into the loop, and the
     parse took 2.1-3.8x the task CPU of the code before reading by content)."""
-    from rabbitflow_pipeline.cli import read_events
+    from rabbitflow_pipeline.readers import read_events
 
     path = tmp_path / "gw.jsonl"
     path.write_text(line(over(1, "orders")) + "\n", encoding="utf-8")
-    plan = tf.classify_events(read_events(spark, [str(path)]))._jdf.queryExecution()
+    plan = classify_events(read_events(spark, [str(path)]))._jdf.queryExecution()
     debug = getattr(spark._jvm.org.apache.spark.sql.execution.debug, "package$").__getattr__(
         "MODULE$"
     )

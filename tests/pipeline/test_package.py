@@ -13,7 +13,7 @@ def test_py_files_zip_holds_the_pipeline_and_the_event_classes(tmp_path: Path) -
     assert {
         "rabbitflow_pipeline/__init__.py",
         "rabbitflow_pipeline/cli.py",
-        "rabbitflow_pipeline/transforms.py",
+        "rabbitflow_pipeline/pairing.py",
         "rabbitflow_broker/__init__.py",
         "rabbitflow_broker/events.py",
     } <= names

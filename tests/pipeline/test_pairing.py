@@ -9,9 +9,21 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from rabbitflow_pipeline import transforms as tf
-from rabbitflow_pipeline.cli import TABLES, analyze
+from rabbitflow_pipeline.batch import TABLES, analyze
+from rabbitflow_pipeline.blocks import channel_blocks
+from rabbitflow_pipeline.episodes import episodes_from, observed_window, queue_episodes
+from rabbitflow_pipeline.histograms import duration_histogram, histogram_metrics, histogram_rows
+from rabbitflow_pipeline.inputs import parse_event_lines, valid_events
+from rabbitflow_pipeline.pairing import (
+    DUPLICATE_WINDOW_S,
+    KEY_COLLISIONS_METRIC,
+    finish_intervals,
+    flow_intervals,
+    pair_candidates,
+    resolve_runs,
+)
 from rabbitflow_pipeline.schemas import ALL_QUEUES, EPISODES_SCHEMA
+from rabbitflow_pipeline.summary import queue_summary
 
 from .logs import (
     GW_A,
@@ -38,7 +50,7 @@ def colliding_hash(*columns: Column) -> Column:
 
 def mixed_log(spark: SparkSession) -> DataFrame:
     """Every kind of event, two gateways, interleaved keys, repeats and a malformed line."""
-    return tf.parse_event_lines(
+    return parse_event_lines(
         lines_df(
             spark,
             [
@@ -72,15 +84,15 @@ def sorted_rows(df: DataFrame) -> list[tuple[object, ...]]:
 def test_hash_partitioned_pairing_equals_the_exact_one(spark: SparkSession) -> None:
     parsed = mixed_log(spark)
     collisions = Observation("keys")
-    fast = tf.flow_intervals(parsed, collisions=collisions)
-    assert sorted_rows(fast) == sorted_rows(tf.flow_intervals(parsed))
-    assert collisions.get == {tf.KEY_COLLISIONS_METRIC: 0}
+    fast = flow_intervals(parsed, collisions=collisions)
+    assert sorted_rows(fast) == sorted_rows(flow_intervals(parsed))
+    assert collisions.get == {KEY_COLLISIONS_METRIC: 0}
 
 
 def test_a_run_of_repeated_opens_keeps_its_first_numbers_and_ends_at_the_next_close(
     spark: SparkSession,
 ) -> None:
-    episodes = tf.episodes_from(tf.flow_intervals(mixed_log(spark), collisions=Observation()))
+    episodes = episodes_from(flow_intervals(mixed_log(spark), collisions=Observation()))
     expected = spark.createDataFrame(
         [
             ("/", "a", at(2), at(9), 7.0, False, 901, 9010, 900, 0, 400, 4990, 500, 0),
@@ -97,10 +109,10 @@ def test_colliding_hashes_are_counted_and_the_exact_pairing_still_holds(
 ) -> None:
     parsed = mixed_log(spark)
     collisions = Observation("keys")
-    tf.flow_intervals(parsed, collisions=collisions, key_hash=colliding_hash).count()
-    assert collisions.get[tf.KEY_COLLISIONS_METRIC] > 0
-    assert sorted_rows(tf.flow_intervals(parsed, key_hash=colliding_hash)) == sorted_rows(
-        tf.flow_intervals(parsed)
+    flow_intervals(parsed, collisions=collisions, key_hash=colliding_hash).count()
+    assert collisions.get[KEY_COLLISIONS_METRIC] > 0
+    assert sorted_rows(flow_intervals(parsed, key_hash=colliding_hash)) == sorted_rows(
+        flow_intervals(parsed)
     )
 
 
@@ -135,21 +147,21 @@ def test_observed_histogram_equals_the_histogram_table(spark: SparkSession) -> N
     df = spark.createDataFrame([(0.5,), (1.0,), (4.9,), (100.0,), (None,), (-1.0,)], "d double")
     edges = (0, 1, 5)
     observed = Observation("h")
-    df.observe(observed, *tf.histogram_metrics(F.col("d"), "d", edges)).count()
-    assert tf.histogram_rows(observed.get, "d", edges) == [
-        row.asDict() for row in tf.duration_histogram(df, "d", edges).orderBy("bucket").collect()
+    df.observe(observed, *histogram_metrics(F.col("d"), "d", edges)).count()
+    assert histogram_rows(observed.get, "d", edges) == [
+        row.asDict() for row in duration_histogram(df, "d", edges).orderBy("bucket").collect()
     ]
 
 
 def test_histogram_metrics_refuse_unordered_edges() -> None:
     with pytest.raises(ValueError, match="increasing"):
-        tf.histogram_metrics(F.col("d"), "d", (1, 1))
+        histogram_metrics(F.col("d"), "d", (1, 1))
 
 
 def test_time_overfull_is_summed_exactly(spark: SparkSession) -> None:
     # 0.1 s + 0.2 s: a sum of doubles gives 0.30000000000000004.
-    events = tf.valid_events(
-        tf.parse_event_lines(
+    events = valid_events(
+        parse_event_lines(
             lines_df(
                 spark,
                 [
@@ -161,20 +173,18 @@ def test_time_overfull_is_summed_exactly(spark: SparkSession) -> None:
             )
         )
     )
-    summary = tf.queue_summary(
-        tf.queue_episodes(events), tf.channel_blocks(events), tf.observed_window(events)
-    )
+    summary = queue_summary(queue_episodes(events), channel_blocks(events), observed_window(events))
     assert summary.select("time_overfull_s").collect()[0][0] == 0.3
 
 
 def test_runs_resolved_apart_give_the_same_intervals(spark: SparkSession) -> None:
-    candidates = tf.pair_candidates(mixed_log(spark), collisions=Observation("keys"))
+    candidates = pair_candidates(mixed_log(spark), collisions=Observation("keys"))
     kept = candidates.localCheckpoint(eager=True)
-    resolved = tf.resolve_runs(kept).localCheckpoint(eager=True)
+    resolved = resolve_runs(kept).localCheckpoint(eager=True)
     # Two runs of repeated opens: queue a at 2, 4, 6 and at 14, 15.
     assert resolved.count() == 2
-    assert sorted_rows(tf.finish_intervals(kept, resolved)) == sorted_rows(
-        tf.flow_intervals(mixed_log(spark))
+    assert sorted_rows(finish_intervals(kept, resolved)) == sorted_rows(
+        flow_intervals(mixed_log(spark))
     )
 
 
@@ -190,7 +200,7 @@ def line_with(event_line: str, **fields: object) -> str:
 
 
 def episode_bounds(spark: SparkSession, rows: list[tuple[str, str]]) -> list[tuple[float, float]]:
-    episodes = tf.queue_episodes(tf.parse_event_lines(lines_df(spark, rows))).orderBy("start")
+    episodes = queue_episodes(parse_event_lines(lines_df(spark, rows))).orderBy("start")
     zero = at(0).replace(tzinfo=None)
     return [
         ((r["start"] - zero).total_seconds(), (r["end"] - zero).total_seconds())
@@ -224,15 +234,15 @@ def test_only_another_member_within_the_window_makes_a_duplicate(spark: SparkSes
         # Another member, but later than the window: a transition of its own.
         (GW_B, member(line(over(5, "b")), "m1")),
         (GW_B, member(line(under(5.1, "b")), "m1")),
-        (GW_B, member(line(over(5 + tf.DUPLICATE_WINDOW_S + 1, "b")), "m2")),
-        (GW_B, member(line(under(5 + tf.DUPLICATE_WINDOW_S + 2, "b")), "m2")),
+        (GW_B, member(line(over(5 + DUPLICATE_WINDOW_S + 1, "b")), "m2")),
+        (GW_B, member(line(under(5 + DUPLICATE_WINDOW_S + 2, "b")), "m2")),
         # No gateway field (one gateway, or Broker-J): never a duplicate.
         (GW_A, line(over(20, "c"))),
         (GW_A, line(under(20.1, "c"))),
         (GW_B, line(over(20.2, "c"))),
         (GW_B, line(under(20.3, "c"))),
     ]
-    window = tf.DUPLICATE_WINDOW_S
+    window = DUPLICATE_WINDOW_S
     assert episode_bounds(spark, rows) == [
         (0.0, 0.1),
         (0.2, 0.3),

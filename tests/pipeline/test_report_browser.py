@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from integration.admin._cdp import chromium_page, eventually
-from rabbitflow_pipeline.cli import analyze
+from rabbitflow_pipeline.batch import analyze
 from rabbitflow_pipeline.generate import generate
 
 from .logs import line, over, under

@@ -9,7 +9,26 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.events import record_fields
-from rabbitflow_pipeline import transforms as tf
+from rabbitflow_pipeline.advice import RESUME_RULES, STOP_RULES, advice_rules
+from rabbitflow_pipeline.advice_text import TEMPLATES, advice_table, render
+from rabbitflow_pipeline.blocks import channel_blocks
+from rabbitflow_pipeline.delays import send_delays
+from rabbitflow_pipeline.episodes import (
+    episode_timeline,
+    observed_window,
+    queue_episode_stats,
+    queue_episodes,
+)
+from rabbitflow_pipeline.histograms import duration_histogram
+from rabbitflow_pipeline.inputs import (
+    client_flow_records,
+    delay_seconds,
+    parse_client_lines,
+    parse_event_lines,
+    valid_events,
+)
+from rabbitflow_pipeline.malformed import malformed_from, malformed_summary
+from rabbitflow_pipeline.pairing import flow_intervals
 from rabbitflow_pipeline.schemas import (
     ALL_QUEUES,
     CHANNEL_BLOCKS_SCHEMA,
@@ -18,6 +37,8 @@ from rabbitflow_pipeline.schemas import (
     QUEUE_LIMITS_SCHEMA,
     STORE_EPISODES_SCHEMA,
 )
+from rabbitflow_pipeline.store import store_episodes
+from rabbitflow_pipeline.summary import queue_summary
 
 from .logs import (
     GW_A,
@@ -42,7 +63,7 @@ pytestmark = pytest.mark.spark
 
 
 def events_of(spark: SparkSession, *events, source: str = GW_A) -> DataFrame:  # type: ignore[no-untyped-def]
-    return tf.valid_events(tf.parse_event_lines(gateway_log(spark, *events, source=source)))
+    return valid_events(parse_event_lines(gateway_log(spark, *events, source=source)))
 
 
 def episode(
@@ -112,7 +133,7 @@ def test_parse_event_lines_names_the_reason_of_each_malformed_line(spark: SparkS
         (GW_A, "   "),
         (GW_A, json.dumps(good)),
     ]
-    parsed = tf.parse_event_lines(lines_df(spark, rows))
+    parsed = parse_event_lines(lines_df(spark, rows))
     assertDataFrameEqual(
         parsed.select("malformed_reason"),
         [
@@ -132,20 +153,20 @@ def test_parse_event_lines_names_the_reason_of_each_malformed_line(spark: SparkS
 
 def test_parse_event_lines_flags_a_field_of_the_wrong_type(spark: SparkSession) -> None:
     bad = {**json.loads(line(over(1, "orders"))), "messages": "many"}
-    parsed = tf.parse_event_lines(lines_df(spark, [(GW_A, json.dumps(bad))]))
+    parsed = parse_event_lines(lines_df(spark, [(GW_A, json.dumps(bad))]))
     assertDataFrameEqual(parsed.select("malformed_reason"), [("bad_field",)])
 
 
 def test_flow_intervals_pass_malformed_lines_through_with_their_reason(
     spark: SparkSession,
 ) -> None:
-    parsed = tf.parse_event_lines(
+    parsed = parse_event_lines(
         lines_df(
             spark,
             [(GW_A, line(over(1, "q"))), (GW_A, "{"), (GW_B, "{"), (GW_B, line(under(2, "q")))],
         )
     )
-    intervals = tf.flow_intervals(parsed)
+    intervals = flow_intervals(parsed)
     assertDataFrameEqual(
         intervals.select("kind", "source", "reason", "open"),
         [
@@ -155,13 +176,13 @@ def test_flow_intervals_pass_malformed_lines_through_with_their_reason(
         ],
     )
     assertDataFrameEqual(
-        tf.malformed_from(intervals),
+        malformed_from(intervals),
         [("gateway", GW_A, "bad_json", 1), ("gateway", GW_B, "bad_json", 1)],
     )
 
 
 def test_malformed_summary_counts_per_log_source_and_reason(spark: SparkSession) -> None:
-    events = tf.parse_event_lines(
+    events = parse_event_lines(
         lines_df(
             spark,
             [
@@ -172,7 +193,7 @@ def test_malformed_summary_counts_per_log_source_and_reason(spark: SparkSession)
             ],
         )
     )
-    client = tf.parse_client_lines(
+    client = parse_client_lines(
         lines_df(
             spark,
             [
@@ -183,7 +204,7 @@ def test_malformed_summary_counts_per_log_source_and_reason(spark: SparkSession)
         )
     )
     assertDataFrameEqual(
-        tf.malformed_summary(events, client),
+        malformed_summary(events, client),
         [
             ("gateway", GW_A, "bad_json", 1),
             # Not a JSON object, so read as a text line, which has no leading timestamp.
@@ -202,7 +223,7 @@ def test_parse_client_lines_ignores_other_records_and_flags_bad_ones(spark: Spar
         ("c", client_line(3, "exploded")),
         ("c", '{"timestamp": 12, "flow_event": "send_failed"'),
     ]
-    parsed = tf.parse_client_lines(lines_df(spark, rows))
+    parsed = parse_client_lines(lines_df(spark, rows))
     assertDataFrameEqual(
         parsed.select("malformed_reason"),
         [("ignored",), (None,), ("missing_waited_ms",), ("unknown_flow_event",), ("bad_json",)],
@@ -220,9 +241,9 @@ def test_delay_seconds_is_the_wait_of_good_delay_and_timeout_records_only(
         ("c", '{"timestamp": "later", "flow_event": "send_delayed", "waited_ms": 9000}'),
         ("c", '{"timestamp": "2026-11-22T05:00:00Z", "logger": "app", "event": "started"}'),
     ]
-    parsed = tf.parse_client_lines(lines_df(spark, rows))
+    parsed = parse_client_lines(lines_df(spark, rows))
     assertDataFrameEqual(
-        parsed.select(tf.delay_seconds().alias("s")),
+        parsed.select(delay_seconds().alias("s")),
         [(5.0,), (60.0,), (None,), (None,), (None,), (None,)],
     )
 
@@ -231,7 +252,7 @@ def test_parse_client_lines_reads_microsecond_structlog_timestamps(spark: SparkS
     text = client_line(0, "flow_enforced").replace(
         "2026-11-22T05:00:00.000Z", "2026-11-22T05:00:00.123456Z"
     )
-    records = tf.client_flow_records(tf.parse_client_lines(lines_df(spark, [("c", text)])))
+    records = client_flow_records(parse_client_lines(lines_df(spark, [("c", text)])))
     assert records.collect()[0]["timestamp"] == at(0.123456).replace(tzinfo=None)
 
 
@@ -261,7 +282,7 @@ def test_queue_episode_runs_from_overfull_to_underfull_with_both_events_numbers(
         ],
         EPISODES_SCHEMA,
     )
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_queue_episode_without_underfull_is_open_with_null_end(spark: SparkSession) -> None:
@@ -269,7 +290,7 @@ def test_queue_episode_without_underfull_is_open_with_null_end(spark: SparkSessi
     expected = spark.createDataFrame(
         [episode("/", "orders", 10, 20), episode("/", "orders", 30, None)], EPISODES_SCHEMA
     )
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_repeated_overfull_before_underfull_opens_one_episode(spark: SparkSession) -> None:
@@ -281,13 +302,13 @@ def test_repeated_overfull_before_underfull_opens_one_episode(spark: SparkSessio
         under(21, "orders"),
     )
     expected = spark.createDataFrame([episode("/", "orders", 10, 20)], EPISODES_SCHEMA)
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_underfull_with_no_open_episode_is_ignored(spark: SparkSession) -> None:
     events = events_of(spark, under(5, "orders"), over(10, "orders"), under(20, "orders"))
     expected = spark.createDataFrame([episode("/", "orders", 10, 20)], EPISODES_SCHEMA)
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_overlapping_episodes_on_different_queues_stay_apart(spark: SparkSession) -> None:
@@ -304,7 +325,7 @@ def test_overlapping_episodes_on_different_queues_stay_apart(spark: SparkSession
         [episode("/", "a", 10, 15), episode("/", "b", 12, 30), episode("other", "a", 13, 40)],
         EPISODES_SCHEMA,
     )
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_events_out_of_order_across_files_are_paired_by_timestamp(spark: SparkSession) -> None:
@@ -318,11 +339,11 @@ def test_events_out_of_order_across_files_are_paired_by_timestamp(spark: SparkSe
             (GW_A, line(over(40, "orders"))),
         ],
     )
-    events = tf.valid_events(tf.parse_event_lines(lines))
+    events = valid_events(parse_event_lines(lines))
     expected = spark.createDataFrame(
         [episode("/", "orders", 40, 50), episode("/", "orders", 100, 110)], EPISODES_SCHEMA
     )
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 def test_malformed_lines_between_events_do_not_break_an_episode(spark: SparkSession) -> None:
@@ -335,9 +356,9 @@ def test_malformed_lines_between_events_do_not_break_an_episode(spark: SparkSess
             (GW_A, line(under(20, "orders"))),
         ],
     )
-    events = tf.valid_events(tf.parse_event_lines(lines))
+    events = valid_events(parse_event_lines(lines))
     expected = spark.createDataFrame([episode("/", "orders", 10, 20)], EPISODES_SCHEMA)
-    assertDataFrameEqual(tf.queue_episodes(events), expected)
+    assertDataFrameEqual(queue_episodes(events), expected)
 
 
 # --- channel blocks ------------------------------------------------------------------------
@@ -378,13 +399,13 @@ def test_channel_block_runs_from_enforced_to_removed_or_ignored(spark: SparkSess
         ],
         CHANNEL_BLOCKS_SCHEMA,
     )
-    assertDataFrameEqual(tf.channel_blocks(events), expected)
+    assertDataFrameEqual(channel_blocks(events), expected)
 
 
 def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSession) -> None:
     a = gateway_log(spark, enforced(1, 7, 1, "orders"), removed(3, 7, 1), source=GW_A)
     b = gateway_log(spark, enforced(2, 7, 1, "orders"), removed(6, 7, 1), source=GW_B)
-    events = tf.valid_events(tf.parse_event_lines(a.unionByName(b)))
+    events = valid_events(parse_event_lines(a.unionByName(b)))
     expected = spark.createDataFrame(
         [
             block(7, 1, "orders", 1, 3, closed_by="CHN-1006", source=GW_A),
@@ -392,12 +413,12 @@ def test_same_connection_number_from_two_gateways_does_not_merge(spark: SparkSes
         ],
         CHANNEL_BLOCKS_SCHEMA,
     )
-    assertDataFrameEqual(tf.channel_blocks(events), expected)
+    assertDataFrameEqual(channel_blocks(events), expected)
 
 
 def blocks_of(spark: SparkSession, *rows: tuple[str, str]) -> DataFrame:
     """Channel blocks of (source, line) rows in that order."""
-    return tf.channel_blocks(tf.valid_events(tf.parse_event_lines(lines_df(spark, list(rows)))))
+    return channel_blocks(valid_events(parse_event_lines(lines_df(spark, list(rows)))))
 
 
 def test_channel_close_ends_its_open_block(spark: SparkSession) -> None:
@@ -488,7 +509,7 @@ def test_store_episode_runs_from_overfull_to_cleared_per_vhost(spark: SparkSessi
         ],
         STORE_EPISODES_SCHEMA,
     )
-    assertDataFrameEqual(tf.store_episodes(events), expected)
+    assertDataFrameEqual(store_episodes(events), expected)
 
 
 # --- summary -------------------------------------------------------------------------------
@@ -497,7 +518,7 @@ def test_store_episode_runs_from_overfull_to_cleared_per_vhost(spark: SparkSessi
 def test_observed_window_spans_all_events(spark: SparkSession) -> None:
     events = events_of(spark, over(10, "a"), removed(110, 1, 1), store_over(60))
     assertDataFrameEqual(
-        tf.observed_window(events),
+        observed_window(events),
         [(at(10).replace(tzinfo=None), at(110).replace(tzinfo=None), 100.0)],
     )
 
@@ -520,9 +541,7 @@ def test_queue_summary_counts_stops_time_overfull_and_channels(spark: SparkSessi
         enforced(96, 10, 1, ALL_QUEUES),
         removed(100, 9, 1),
     )
-    summary = tf.queue_summary(
-        tf.queue_episodes(events), tf.channel_blocks(events), tf.observed_window(events)
-    )
+    summary = queue_summary(queue_episodes(events), channel_blocks(events), observed_window(events))
     # a: episodes 10s, 30s and one open from 90 to the window end (100): 50s of 100s.
     assertDataFrameEqual(
         summary,
@@ -544,9 +563,9 @@ def test_send_delays_per_producer_and_destination(spark: SparkSession) -> None:
         ("c", client_line(60, "send_failed", waited_ms=60000)),
         ("c", client_line(70, "send_delayed", producer="p-2", waited_ms=5000, capacity=50)),
     ]
-    client = tf.client_flow_records(tf.parse_client_lines(lines_df(spark, rows)))
+    client = client_flow_records(parse_client_lines(lines_df(spark, rows)))
     assertDataFrameEqual(
-        tf.send_delays(client),
+        send_delays(client),
         [
             (
                 "p-1",
@@ -580,7 +599,7 @@ def test_send_delays_per_producer_and_destination(spark: SparkSession) -> None:
 def test_duration_histogram_counts_every_bucket(spark: SparkSession) -> None:
     df = spark.createDataFrame([(0.5,), (1.0,), (4.9,), (100.0,), (None,)], "d double")
     assertDataFrameEqual(
-        tf.duration_histogram(df, "d", (0, 1, 5)),
+        duration_histogram(df, "d", (0, 1, 5)),
         [(0, 0.0, 1.0, 1), (1, 1.0, 5.0, 2), (2, 5.0, None, 1)],
     )
 
@@ -588,7 +607,7 @@ def test_duration_histogram_counts_every_bucket(spark: SparkSession) -> None:
 def test_duration_histogram_refuses_unordered_edges(spark: SparkSession) -> None:
     df = spark.createDataFrame([(1.0,)], "d double")
     with pytest.raises(ValueError, match="increasing"):
-        tf.duration_histogram(df, "d", (0, 5, 5))
+        duration_histogram(df, "d", (0, 5, 5))
 
 
 def test_episode_timeline_spreads_overfull_time_over_buckets(spark: SparkSession) -> None:
@@ -601,9 +620,9 @@ def test_episode_timeline_spreads_overfull_time_over_buckets(spark: SparkSession
         under(10, "b"),
         removed(40, 1, 1),
     )
-    episodes = tf.queue_episodes(events)
+    episodes = queue_episodes(events)
     queues = spark.createDataFrame([("/", "a")], "vhost string, queue string")
-    timeline = tf.episode_timeline(episodes, tf.observed_window(events), queues, buckets=4)
+    timeline = episode_timeline(episodes, observed_window(events), queues, buckets=4)
     # 40s window in 10s buckets: a is overfull 0-15 and 35-40 (open to the window end).
     assertDataFrameEqual(
         timeline,
@@ -621,13 +640,16 @@ def _advice(
 ) -> dict[str, object]:
     # One closed episode: 900 -> 500 resume, drained 901 -> 499 in 40s (10.05 msg/s).
     events = events_of(spark, over(0, "orders"), under(40, "orders"))
-    client = None
+    delays = None
     if client_rows is not None:
-        client = tf.client_flow_records(
-            tf.parse_client_lines(lines_df(spark, [("c", r) for r in client_rows]))
+        delays = send_delays(
+            client_flow_records(
+                parse_client_lines(lines_df(spark, [("c", r) for r in client_rows]))
+            )
         )
     limits_df = None if limits is None else spark.createDataFrame(limits, QUEUE_LIMITS_SCHEMA)
-    rows = tf.advice(tf.queue_episodes(events), client, limits_df).collect()
+    rules = advice_rules(queue_episode_stats(queue_episodes(events)), delays, limits_df)
+    rows = advice_table(rules).collect()
     assert len(rows) == 1
     return rows[0].asDict()
 
@@ -642,6 +664,7 @@ def test_advice_accepts_stop_plus_capacities_under_the_maximum(spark: SparkSessi
         [("/", "orders", 1000, None)],
     )
     assert (row["capacity_sum"], row["worst_case_depth"], row["stop_ok"]) == (100, 1000, True)
+    assert row["stop_rule"] == "stop.ok"
     assert row["stop_advice"] == (
         "OK: stop 900 + producer capacities 100 (2 producers in client logs) = 1,000 "
         "<= queue maximum 1,000"
@@ -653,6 +676,7 @@ def test_advice_lowers_a_stop_threshold_that_overflows_the_maximum(spark: SparkS
         spark, [client_line(1, "flow_enforced", capacity=200)], [("/", "orders", 1000, None)]
     )
     assert (row["stop_ok"], row["suggested_stop_count"]) == (False, 800)
+    assert row["stop_rule"] == "stop.lower"
     assert row["stop_advice"].startswith("LOWER STOP: stop 900 + producer capacities 200")
     assert row["stop_advice"].endswith("set qpid.flow_stop_count <= 800")
 
@@ -681,6 +705,7 @@ def test_advice_raises_resume_when_producers_stay_blocked_for_the_drain(
     # 402 messages in 40s = 10.05 msg/s; 5s of drain = 51 messages below stop 900.
     assert row["drain_rate_msgs_s"] == pytest.approx(10.05)
     assert row["suggested_resume_count"] == 849
+    assert row["resume_rule"] == "resume.raise"
     assert row["resume_advice"] == (
         "RAISE RESUME: producers blocked p50 40.0s while the queue drained from stop 900 to "
         "resume 500 at 10.1 msg/s; resume at 849 to keep blocks near 5s (at the cost of more "
@@ -691,4 +716,21 @@ def test_advice_raises_resume_when_producers_stay_blocked_for_the_drain(
 def test_advice_refuses_a_non_positive_target(spark: SparkSession) -> None:
     events = events_of(spark, over(0, "orders"))
     with pytest.raises(ValueError, match="target_block_s"):
-        tf.advice(tf.queue_episodes(events), None, None, target_block_s=0)
+        advice_rules(queue_episode_stats(queue_episodes(events)), None, None, target_block_s=0)
+
+
+def test_every_advice_rule_has_words() -> None:
+    rule_ids = {rule.id for rule in (*STOP_RULES, *RESUME_RULES)}
+    assert rule_ids == set(TEMPLATES)
+
+
+def test_advice_words_fill_figures_as_the_template_says(spark: SparkSession) -> None:
+    row = spark.createDataFrame(
+        [(1200, 40.04, "queue://q", None)], "n long, x double, d string, p long"
+    ).select(render("{n} at {x:.1f} to {d:text} by {p:s}").alias("w"))
+    assert row.first()["w"] == "1,200 at 40.0 to queue://q by null"
+
+
+def test_advice_words_refuse_an_unknown_way_to_show_a_figure(spark: SparkSession) -> None:
+    with pytest.raises(ValueError, match="unknown way"):
+        render("{n:x}")

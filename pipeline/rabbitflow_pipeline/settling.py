@@ -1,0 +1,403 @@
+"""One incremental step's state and pairing: the new events parsed, paired with
+the stored state, split into settled and provisional rows.
+
+**Settling.**  Events of one key may come from several files (several
+gateways log the same queue), and one file may be read further than
+another.  An event is *settled* once it is at least ``lateness`` older
+than the newest event seen (the *frontier*).  Each step pairs the stored
+state (the opening event of every interval still open, and the events
+not yet settled) with the new events, in one pass.  A row whose end is
+settled is final (kept in the step's ``b`` files); every other row is
+provisional (the step's ``p`` files, replaced at the next step), and its
+opening event, if settled, is stored for the next step together with the
+unsettled events.  So an event of another file that arrives up to
+``lateness`` late still falls into its place; one later than that
+(``late`` in the result) is paired where it lands.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from rabbitflow_pipeline import outputs
+from rabbitflow_pipeline.checkpoint import (
+    INTERVAL_TABLES,
+    STATE_DIR,
+    Checkpoint,
+    source_column,
+    staged_paths,
+)
+from rabbitflow_pipeline.histograms import (
+    histogram_metrics,
+)
+from rabbitflow_pipeline.inputs import IGNORED, delay_seconds, is_malformed
+from rabbitflow_pipeline.pairing import finish_intervals, pair_candidates
+from rabbitflow_pipeline.plan import (
+    INTERVAL_STEPS,
+    PARSE_CLIENT,
+    PARSE_EVENTS,
+)
+from rabbitflow_pipeline.readers import event_records
+from rabbitflow_pipeline.schemas import (
+    CHANNEL_BLOCKS_SCHEMA,
+    EPISODES_SCHEMA,
+    EVENT_WIRE_SCHEMA,
+    LINES_SCHEMA,
+    STORE_EPISODES_SCHEMA,
+)
+
+__all__ = [
+    "INTERVAL_SCHEMAS",
+    "StepState",
+    "add_files",
+    "empty_client",
+    "final_rows",
+    "higher",
+    "lower",
+    "pair_step",
+    "parse_step",
+    "provisional_rows",
+    "read_table",
+]
+
+INTERVAL_SCHEMAS = {
+    "episodes": EPISODES_SCHEMA,
+    "channel_blocks": CHANNEL_BLOCKS_SCHEMA,
+    "store_episodes": STORE_EPISODES_SCHEMA,
+}
+_KIND_OF = {"episodes": "queue", "channel_blocks": "channel", "store_episodes": "store"}
+
+
+_INTERVAL_STEP_OF = {step.builds: step for step in INTERVAL_STEPS}
+
+
+#: State rows: the opening event of an open interval, an unsettled event,
+#: the last transition of a queue (only for the duplicate test), a new event.
+_OPEN, _PENDING, _CONTEXT, _NEW = "open", "pending", "context", "new"
+
+
+def lower(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def higher(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+@dataclass
+class StepState:
+    """One step's inputs and what its stages hand each other."""
+
+    spark: SparkSession
+    out: Path
+    cp: Checkpoint
+    parts: Sequence[Mapping[str, Any]]
+    lateness_us: int
+    kept: outputs.Kept
+    pool: ThreadPoolExecutor
+    counts: dict[str, Any] | None = None
+    client: DataFrame | None = None
+    delay_counts: dict[str, int] | None = None
+    intervals: DataFrame | None = None
+    step_counts: dict[str, Any] | None = None
+    tables: dict[str, tuple[str, ...]] | None = None
+    state: str | None = None
+    channels: str | None = None
+    small: dict[str, DataFrame] | None = None
+
+    @property
+    def batch(self) -> int:
+        return self.cp.batch + 1
+
+    @property
+    def root(self) -> Path:
+        return self.out / STATE_DIR
+
+    def of_kind(self, kind: str) -> list[Mapping[str, Any]]:
+        return [p for p in self.parts if p["kind"] == kind]
+
+    @property
+    def frontier_us(self) -> int | None:
+        assert self.counts is not None
+        end = higher(self.cp.window_end_us, self.counts["end_us"])
+        frontier = self.cp.frontier_us
+        if end is not None:
+            frontier = higher(frontier, end - self.lateness_us)
+        return frontier
+
+
+def _parse_events(step: StepState) -> DataFrame:
+    """Staged event-log lines → classified events (the batch job's reader and parser)."""
+    parts = step.of_kind("events")
+    spark = step.spark
+    if parts:
+        raw = event_records(spark, staged_paths(step.out, step.batch, parts))
+        raw = raw.select("*", source_column(parts).alias("source"))
+    else:
+        raw = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
+    return PARSE_EVENTS({"event_records": raw})
+
+
+def _event_metrics() -> list[Column]:
+    """What a step counts while it writes its parsed events.
+
+    No value of the step's own in them (nor in the parse): the parse's
+    generated code, large and slow to compile, is then the same at every
+    step, and Spark reuses it.
+    """
+    good_us = F.when(F.col("malformed_reason").isNull(), F.unix_micros("ts"))
+    return [
+        F.count(F.lit(1)).alias("lines"),
+        F.count(F.when(is_malformed(F.col("malformed_reason")), 1)).alias("malformed"),
+        F.count(F.when(F.col("malformed_reason") == IGNORED, 1)).alias("ignored"),
+        F.min(good_us).alias("start_us"),
+        F.max(good_us).alias("end_us"),
+    ]
+
+
+#: The step number's place in a stored event's ``seq`` (see :func:`_global_seq`).
+_SEQ_STEP_SHIFT = 40
+_ROW_BITS = 33
+_PARTITION_SHIFT = 28
+
+
+def _global_seq() -> Column:
+    """An event's input position across steps, from its step and its position in the step.
+
+    ``seq`` is ``monotonically_increasing_id()`` within the step (partition
+    index above bit 33, row below): packed into 40 bits (partition index
+    above bit 28, up to 2^28 rows per partition and 2^12 partitions per
+    step) under the step number, taken from the event store's ``batch=N``
+    directory, so no literal of the step's own enters the generated code.
+    """
+    seq = F.col("seq")
+    row = F.expr(f"seq & {(1 << _ROW_BITS) - 1}")
+    partition = F.shiftright(seq, _ROW_BITS)
+    return (
+        F.shiftleft(F.col("batch").cast("long"), _SEQ_STEP_SHIFT)
+        + F.shiftleft(partition, _PARTITION_SHIFT)
+        + row
+    )
+
+
+def _events_dir(step: StepState) -> Path:
+    return step.out / "events" / f"batch={step.batch}"
+
+
+def parse_step(step: StepState) -> None:
+    """Parse the new event lines once into the event store (counting them on the way)."""
+    classified = _parse_events(step)
+    metrics = _event_metrics()
+    observation = Observation("step-events")
+    client = step.pool.submit(_parse_client, step)
+    classified.observe(observation, *metrics).write.mode("overwrite").parquet(
+        str(_events_dir(step))
+    )
+    counts = dict(observation.get)
+    if "lines" not in counts:  # Spark Connect reports no metrics observed under a write
+        row = _new_events(step).agg(*metrics).first()
+        counts = {} if row is None else row.asDict()
+    step.counts = counts
+    client.result()
+
+
+def _new_events(step: StepState) -> DataFrame:
+    """The step's parsed events from the event store, ``seq`` made unique across steps."""
+    schema = _event_schema(step.spark)
+    stored = T.StructType([*schema.fields, T.StructField("batch", T.IntegerType())])
+    events = (
+        step.spark.read.schema(stored)
+        .option("basePath", str(step.out / "events"))
+        .parquet(str(_events_dir(step)))
+    )
+    return events.withColumn("seq", _global_seq()).drop("batch")
+
+
+def _late(step: StepState, events: DataFrame) -> int:
+    """New good events older than the last step's frontier (paired where they land)."""
+    if step.cp.frontier_us is None:
+        return 0
+    late = F.col("malformed_reason").isNull() & (F.unix_micros("ts") <= step.cp.frontier_us)
+    return events.where(late).count()
+
+
+def _parse_client(step: StepState) -> None:
+    """The new client records, kept, and the delay histogram counted over them."""
+    parts = step.of_kind("client")
+    if not parts:
+        return
+    lines = step.spark.read.text(staged_paths(step.out, step.batch, parts)).select(
+        "value", source_column(parts).alias("source")
+    )
+    step.client = step.kept.keep(PARSE_CLIENT({"client_lines": lines}))
+    row = step.client.agg(*histogram_metrics(delay_seconds(), "delay")).first()
+    step.delay_counts = {} if row is None else {k: int(v) for k, v in row.asDict().items()}
+
+
+def empty_client(spark: SparkSession) -> DataFrame:
+    return PARSE_CLIENT({"client_lines": spark.createDataFrame([], LINES_SCHEMA)})
+
+
+def pair_step(step: StepState) -> None:
+    """Pair the stored state with the new events in one pass; keep the intervals."""
+    spark = step.spark
+    schema = _event_schema(spark)
+    fresh = _new_events(step)
+    late = step.pool.submit(_late, step, fresh)
+    new_events = fresh.withColumn("_role", F.lit(_NEW))
+    if step.cp.state is not None:
+        state_schema = T.StructType([*schema.fields, T.StructField("_role", T.StringType())])
+        previous = spark.read.schema(state_schema).parquet(str(step.root / step.cp.state))
+        pool = previous.unionByName(new_events)
+    else:
+        pool = new_events
+    frontier = step.frontier_us
+    settled = _settled_event(frontier)
+    context = (F.col("_role") == F.lit(_CONTEXT)).alias("_is_context")
+    candidates = pair_candidates(pool.select("*", context), context="_is_context")
+    intervals = finish_intervals(candidates, keep_seq=True)
+    # The pairing is kept as it is; the frontier, a value of this step's own,
+    # is applied to the kept rows in a small job of its own (see _event_metrics).
+    paired = step.kept.keep(intervals)
+    step.intervals = step.kept.keep(paired.withColumn("_final", _final_test(step)))
+    step.state = f"state/v{step.batch:08d}"
+    opened = (
+        provisional_rows(step)
+        .where(F.col("kind").isin("queue", "channel", "store"))
+        .select(F.col("start_seq").alias("seq"))
+    )
+    state = step.pool.submit(_write_state, step, pool, settled, opened)
+    counted = step.pool.submit(_step_counts, step)
+    written = [step.pool.submit(_write_intervals, step, table) for table in INTERVAL_TABLES]
+    step.tables = dict(done.result() for done in written)
+    state.result()
+    counted.result()
+    assert step.counts is not None
+    step.counts["late"] = late.result()
+
+
+def _final_test(step: StepState) -> Column:
+    """A kept interval is final once its end is settled (a malformed line's count at once)."""
+    final = F.col("kind") == F.lit("malformed")
+    frontier = step.frontier_us
+    if frontier is not None:
+        final = final | F.coalesce(F.unix_micros("end") <= F.lit(frontier), F.lit(False))
+    return final
+
+
+def final_rows(step: StepState) -> DataFrame:
+    assert step.intervals is not None
+    return step.intervals.where(F.col("_final"))
+
+
+def provisional_rows(step: StepState) -> DataFrame:
+    assert step.intervals is not None
+    return step.intervals.where(~F.col("_final"))
+
+
+def _event_schema(spark: SparkSession) -> T.StructType:
+    """The schema of a parsed event (:func:`~rabbitflow_pipeline.inputs.classify_events`)."""
+    empty = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
+    return PARSE_EVENTS({"event_records": empty}).schema
+
+
+def _settled_event(frontier_us: int | None) -> Column:
+    if frontier_us is None:
+        return F.lit(True)
+    return F.col("malformed_reason").isNotNull() | (F.unix_micros("ts") <= F.lit(frontier_us))
+
+
+def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: DataFrame) -> None:
+    """The next step's state: open starts, unsettled events, each queue's last transitions."""
+    role = F.col("_role")
+    settled_pool = pool.where(settled)
+    starts = settled_pool.where(role != F.lit(_CONTEXT)).join(opened, "seq", "left_semi")
+    pending = pool.where(~settled)
+    # The last QUE-1003 and QUE-1004 of each queue logged by a cluster member:
+    # what a later duplicate of that transition is told apart by.
+    transitions = settled_pool.where(
+        F.col("malformed_reason").isNull()
+        & F.col("code").isin("QUE-1003", "QUE-1004")
+        & F.col("gateway").isNotNull()
+    )
+    columns = [c for c in pool.columns if c != "_role"]
+    last = (
+        transitions.groupBy("vhost", "queue", "code")
+        .agg(F.max_by(F.struct(*columns), F.struct("ts", "seq")).alias("_e"))
+        .select("_e.*")
+        .join(opened, "seq", "left_anti")
+    )
+    state = (
+        starts.drop("_role")
+        .withColumn("_role", F.lit(_OPEN))
+        .unionByName(pending.drop("_role").withColumn("_role", F.lit(_PENDING)))
+        .unionByName(last.select(*columns).withColumn("_role", F.lit(_CONTEXT)))
+    )
+    assert step.state is not None
+    state.write.mode("overwrite").parquet(str(step.root / step.state))
+
+
+def _step_counts(step: StepState) -> None:
+    """Rows per table and block-duration histograms, settled and provisional, in one job."""
+    assert step.intervals is not None
+    final = F.col("_final")
+    block = F.col("kind") == F.lit("channel")
+    metrics = []
+    for name, rows in (("final", final), ("prov", ~final)):
+        for table, kind in _KIND_OF.items():
+            metrics.append(
+                F.count(F.when(rows & (F.col("kind") == F.lit(kind)), 1)).alias(f"{name}_{table}")
+            )
+        duration = F.when(rows & block, F.col("duration_s"))
+        metrics.extend(histogram_metrics(duration, f"{name}_block"))
+    open_episode = ~final & F.col("open") & (F.col("kind") == F.lit("queue"))
+    metrics.append(F.count(F.when(open_episode, 1)).alias("open_episodes"))
+    row = step.intervals.agg(*metrics).first()
+    assert row is not None
+    step.step_counts = row.asDict()
+
+
+def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]:
+    """This step's settled and provisional rows of ``table``; returns its current files."""
+    select = _INTERVAL_STEP_OF[table]
+    kept = [f for f in step.cp.tables.get(table, ()) if f.startswith("b")]
+    names = add_files(step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}")
+    names += add_files(
+        step, select({"intervals": provisional_rows(step)}), table, f"p{step.batch:08d}"
+    )
+    return table, (*kept, *names)
+
+
+def add_files(step: StepState, df: DataFrame, table: str, prefix: str) -> list[str]:
+    """Write ``df`` and move its part files into ``out/table`` as ``prefix-NNNN.parquet``."""
+    tmp = step.root / "tmp" / f"{table}-{prefix}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # One file per step and table: a step adds a few percent of the rows.
+    outputs.write_table(df.coalesce(1), tmp)
+    directory = step.out / table
+    directory.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):
+        name = f"{prefix}-{index:04d}.parquet"
+        os.replace(part, directory / name)
+        names.append(name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return names
+
+
+def read_table(step: StepState, table: str, schema: Any) -> DataFrame:
+    assert step.tables is not None
+    files = step.tables.get(table) or step.cp.tables.get(table, ())
+    if not files:
+        return step.spark.createDataFrame([], schema)
+    return step.spark.read.schema(schema).parquet(*(str(step.out / table / f) for f in files))
