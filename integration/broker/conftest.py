@@ -35,7 +35,7 @@ def wait_for(
 ) -> T:
     """Poll ``condition`` until it returns something truthy; fail with ``what`` at the deadline."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: T | None = None
     while time.monotonic() < deadline:
         last = condition()
         if last:

@@ -70,7 +70,7 @@ def _ready_cluster(members: list[Member]) -> str:
             return str(owners.pop())
         return None
 
-    return wait_for(agreed, timeout=30, interval=0.1, what="one owner seen by every member")
+    return str(wait_for(agreed, timeout=30, interval=0.1, what="one owner seen by every member"))
 
 
 def _declare(member: Member, queue: str) -> None:
@@ -121,20 +121,32 @@ def _owner(members: list[Member], owner_id: str) -> Member:
     raise AssertionError(f"no member is {owner_id}")
 
 
+def _watched(broker: Broker, member: Member, queue: str) -> DepthWatcher:
+    """Declare ``queue`` through ``member`` and sample its depth in RabbitMQ."""
+    _declare(member, queue)
+    watcher = DepthWatcher(broker, queue)
+    watcher.start()
+    return watcher
+
+
+def _assert_bound(watcher: DepthWatcher, producers: list[Any], members: list[Member]) -> int:
+    """The peak depth RabbitMQ had, within stop + sum(c) + M x batch."""
+    peak = watcher.finish()
+    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
+    assert peak <= bound, f"peak depth {peak} over stop + sum(c) + M x batch = {bound}"
+    return peak
+
+
 @pytest.mark.slow
 def test_declared_through_one_member_governed_on_all_and_bound_holds(
     broker: Broker,
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
     owner_id = _ready_cluster(members)
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
-    _declare(members[0], queue)  # the others learn it from the cluster
-    watcher = DepthWatcher(broker, queue)
-    watcher.start()
+    queue = new_queue("cluster")
+    watcher = _watched(broker, members[0], queue)  # the others learn it from the cluster
     producers = _run_producers(members, queue)
     consumer = SlowConsumer(broker, queue, pause=0.004)
     try:
@@ -158,9 +170,7 @@ def test_declared_through_one_member_governed_on_all_and_bound_holds(
         _finish(producers)
         consumer.halt.set()
         consumer.join(10)
-    peak = watcher.finish()
-    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
-    assert peak <= bound, f"peak depth {peak} over stop + sum(c) + M x batch = {bound}"
+    peak = _assert_bound(watcher, producers, members)
     assert peak > STOP, f"the queue never reached its stop threshold ({peak})"
     # Each transition was logged once in the cluster, by the owner, with its id.
     overfull = [e for m in members for e in m.events("QUE-1003") if e.get("queue") == queue]
@@ -174,18 +184,14 @@ def test_declared_through_one_member_governed_on_all_and_bound_holds(
 def test_owner_killed_bound_holds_and_producers_resume_within_lease(
     broker: Broker,
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
     owner_id = _ready_cluster(members)
     owner = _owner(members, owner_id)
     others = [m for m in members if m is not owner]
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
-    _declare(others[0], queue)
-    watcher = DepthWatcher(broker, queue)
-    watcher.start()
+    queue = new_queue("cluster")
+    watcher = _watched(broker, others[0], queue)
     consumer = SlowConsumer(broker, queue, pause=0.002)
     consumer.start()
     producers = _run_producers(others, queue)
@@ -212,9 +218,7 @@ def test_owner_killed_bound_holds_and_producers_resume_within_lease(
         _finish(producers)
         consumer.halt.set()
         consumer.join(10)
-    peak = watcher.finish()
-    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
-    assert peak <= bound, f"peak depth {peak} over {bound}"
+    _assert_bound(watcher, producers, members)
     assert resumed_after <= LEASE_MS / 1000 + 2, f"resumed {resumed_after:.2f} s after the kill"
 
 
@@ -222,16 +226,12 @@ def test_owner_killed_bound_holds_and_producers_resume_within_lease(
 def test_stopped_member_holds_completions_and_rejoins(
     broker: Broker,
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
     owner_id = _ready_cluster(members)
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
-    _declare(members[0], queue)
-    watcher = DepthWatcher(broker, queue)
-    watcher.start()
+    queue = new_queue("cluster")
+    watcher = _watched(broker, members[0], queue)
     consumer = SlowConsumer(broker, queue, pause=0.004)
     consumer.start()
     producers = _run_producers(members, queue)
@@ -262,9 +262,7 @@ def test_stopped_member_holds_completions_and_rejoins(
         _finish(producers)
         consumer.halt.set()
         consumer.join(10)
-    peak = watcher.finish()
-    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
-    assert peak <= bound, f"peak depth {peak} over {bound}"
+    _assert_bound(watcher, producers, members)
 
 
 class FailoverProducer(threading.Thread):
@@ -302,17 +300,13 @@ class FailoverProducer(threading.Thread):
 def test_member_killed_its_producers_fail_over_nothing_lost_bound_holds(
     broker: Broker,
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
     owner_id = _ready_cluster(members)
     victim = next(m for m in members if m.cluster_view()["member"] != owner_id)
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
-    _declare(members[0], queue)
-    watcher = DepthWatcher(broker, queue)
-    watcher.start()
+    queue = new_queue("cluster")
+    watcher = _watched(broker, members[0], queue)
     consumer = SlowConsumer(broker, queue, pause=0.002)
     consumer.start()
     producers = []
@@ -340,21 +334,17 @@ def test_member_killed_its_producers_fail_over_nothing_lost_bound_holds(
     finally:
         consumer.halt.set()
         consumer.join(10)
-    peak = watcher.finish()
-    bound = STOP + len(producers) * CAPACITY + len(members) * BATCH
-    assert peak <= bound, f"peak depth {peak} over {bound}"
+    _assert_bound(watcher, producers, members)
 
 
 @pytest.mark.slow
 def test_thresholds_and_administrator_stops_apply_on_every_member_within_a_second(
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     members = cluster_members(3, cluster_batch=BATCH, cluster_lease=LEASE_MS)
     _ready_cluster(members)
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
+    queue = new_queue("cluster")
     _declare(members[0], queue)
     path = f"/api/queues/%2F/{queue}"
     status, body = members[1].http("PUT", f"{path}/flow", {"flowStopCount": 5000})
@@ -398,8 +388,7 @@ def _listed(member: Member, queue: str) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_member_lists_the_cluster_wide_depth_and_flow_state(
     cluster_members: Callable[..., list[Member]],
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    new_queue: Callable[[str], str],
 ) -> None:
     """While a queue is flowed, /api/queues on a member that does not own its
     accounting shows the owner's flow state, flowStoppedCount and depth (within
@@ -415,8 +404,7 @@ def test_every_member_lists_the_cluster_wide_depth_and_flow_state(
     )
     owner = _owner(members, _ready_cluster(members))
     other = next(m for m in members if m is not owner)
-    queue = unique_name("cluster")
-    cleanup_queues.append(queue)
+    queue = new_queue("cluster")
     _declare(other, queue)
     producers = _run_producers(members, queue)  # through both members
 
