@@ -92,7 +92,7 @@ def test_churn_leaves_memory_fds_and_tasks_flat(
         wait_for(lambda: _runtime(admin_port)["connections"] == 0, timeout=30, what="churn gone")
         # (<=: the baseline may count an admin request's socket not yet closed)
         wait_for(
-            lambda: _fds(pid) <= fds_before, timeout=10, what=f"descriptors back to {fds_before}"
+            lambda: _fds(pid) <= fds_before, timeout=30, what=f"descriptors back to {fds_before}"
         )
         after = _runtime(admin_port)
         growth = rss_bytes(pid) - rss_before
