@@ -193,6 +193,11 @@ def test_follow_shows_appended_lines_within_two_triggers(
             return [r["open"] for r in rows] == [False, True]
 
         wait_for(closed_episode_shown, "the appended lines in the episodes table")
+        # A step reports itself after writing its tables: wait for its report.
+        wait_for(
+            lambda: any(step.changed for step in steps[appended_after:]),
+            "the step that read the appended lines to report",
+        )
         # The step that started before the append may have missed it; the next one may not.
         # (Steps with nothing new may finish while this test reads the table: not counted.)
         after = steps[appended_after:]
