@@ -95,9 +95,13 @@ def _run_producers(members: list[Member], queue: str) -> list[WindowProducer]:
     return producers
 
 
-def _flow_stopped_everywhere(members: list[Member], queue: str, stopped: bool) -> bool:
-    return all(
-        m.http("GET", f"/api/queues/%2F/{queue}")[1].get("flowStopped") is stopped for m in members
+def _wait_flow_stopped_everywhere(members: list[Member], queue: str) -> None:
+    wait_for(
+        lambda: all(
+            m.http("GET", f"/api/queues/%2F/{queue}")[1].get("flowStopped") is True for m in members
+        ),
+        timeout=30,
+        what="flowStopped on every member",
     )
 
 
@@ -151,11 +155,7 @@ def test_declared_through_one_member_governed_on_all_and_bound_holds(
     consumer = SlowConsumer(broker, queue, pause=0.004)
     try:
         # The queue is overfull on every member, whichever one declared it.
-        wait_for(
-            lambda: _flow_stopped_everywhere(members, queue, True),
-            timeout=30,
-            what="flowStopped on every member",
-        )
+        _wait_flow_stopped_everywhere(members, queue)
         _check(producers)
         marks = {p.pid: p.confirmed for p in producers}
         consumer.start()
@@ -420,11 +420,7 @@ def test_every_member_lists_the_cluster_wide_depth_and_flow_state(
         )
 
     try:
-        wait_for(
-            lambda: _flow_stopped_everywhere(members, queue, True),
-            timeout=30,
-            what="flowStopped on every member",
-        )
+        _wait_flow_stopped_everywhere(members, queue)
         _check(producers)
         # Flowed: the producers wait, and every member shows the owner's figures.
         for _ in range(10):
