@@ -308,6 +308,10 @@ class MemberAllowance:
         """Allowance still usable at ``now``."""
         return sum(g.remaining for g in self._grants if now < g.valid_until)
 
+    def holds_grants(self) -> bool:
+        """Whether any grant is kept (usable, or with use to report)."""
+        return bool(self._grants)
+
     def take(self, now: float, size: int = 0) -> bool:
         """Use one message of allowance; False: hold the completion instead."""
         if self.flow is Flow.ON:

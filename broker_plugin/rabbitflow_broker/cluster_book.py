@@ -183,6 +183,23 @@ class MemberBook:
         self.due = False
         return out
 
+    def busy(self, now: float) -> bool:
+        """Whether rounds are needed soon: something held, due or unreported,
+        a grant still open, or a queue published to within a lease."""
+        if self.held or self.due:
+            return True
+        for entry in self.queues.values():
+            allowance = entry.allowance
+            if (
+                entry.debt
+                or now - entry.last_publish < self.lease
+                or allowance.removed
+                or allowance.removed_bytes
+                or allowance.holds_grants()
+            ):
+                return True
+        return False
+
     def granted(self, key: QueueKey, grant: Grant, now: float) -> bool:
         """A grant arrived: pay the debt; True when the queue is no longer held."""
         if grant.epoch < self.epoch:
@@ -330,3 +347,7 @@ class OwnerBook:
     def outstanding(self, key: QueueKey) -> int:
         ledger = self.ledgers.get(key)
         return 0 if ledger is None else ledger.outstanding
+
+    def busy(self) -> bool:
+        """Whether any grant is outstanding (to be settled or expired)."""
+        return any(ledger.outstanding for ledger in self.ledgers.values())

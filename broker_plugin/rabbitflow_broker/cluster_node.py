@@ -52,8 +52,14 @@ __all__ = ["ClusterNode", "member_id"]
 
 _log = structlog.get_logger("rabbitflow.broker")
 
-#: Seconds between the node's rounds (requests out, holds promoted).
+#: Seconds between the node's rounds (requests out, holds promoted) while
+#: it has something in hand (see :meth:`ClusterNode.needs_rounds`).
 TICK_S: Final = 0.1
+#: The longest wait between rounds of a node with nothing in hand, in leases
+#: (a publish, a kick or a message that gives it work starts a round at once).
+IDLE_TICK_LEASES: Final = 0.25
+#: Messages that never give a node work of its own to do in rounds.
+_NO_ROUNDS: Final = frozenset({"hello", "depth"})
 #: Seconds between broadcasts of the owner's state (also sent on each change).
 STATE_EVERY_S: Final = 1.0
 #: Seconds between the owner's broadcasts of every queue's depth (between
@@ -108,6 +114,9 @@ class ClusterNode:
         self._hello_sent = -math.inf
         self._stops_seen = False
         self._kicked = False
+        #: Whether the last round left work in hand (rounds every TICK_S).
+        self._busy = True
+        self._wake = asyncio.Event()
         self._refresh_again = False
         self._defs_sent = -math.inf
         self._defs_pending = False
@@ -176,6 +185,7 @@ class ClusterNode:
         if self._kicked:
             return
         self._kicked = True
+        self._wake.set()
         try:
             asyncio.get_running_loop().call_soon(self._kicked_round)
         except RuntimeError:
@@ -186,9 +196,6 @@ class ClusterNode:
         now = self._monotonic()
         for request in self.book.requests(now):
             self._send_request(request)
-
-    def removed(self, key: QueueKey, messages: int, size: int) -> None:
-        self.book.removed(key, messages, size)
 
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
         self.book.flow(key, FlowUpdate(_name(key), Flow.ON if stopped else Flow.OFF, self.epoch))
@@ -279,12 +286,32 @@ class ClusterNode:
             await asyncio.sleep(delay)
 
     async def _tick_loop(self) -> None:
+        idle = min(self.lease * IDLE_TICK_LEASES, STATE_EVERY_S / 2)
         while True:
-            await asyncio.sleep(TICK_S)
+            if self._busy:
+                await asyncio.sleep(TICK_S)
+            else:  # nothing in hand: fewer wake-ups, until work comes
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), idle)
+            now = self._monotonic()
             try:
-                self.tick(self._monotonic())
+                self.tick(now)
+                self._busy = self.needs_rounds(now)
             except Exception:  # one bad round must not end the member's duties
+                self._busy = True
                 _log.exception("cluster round failed", cluster=self.name)
+
+    def needs_rounds(self, now: float) -> bool:
+        """Whether this node has work in hand that rounds every TICK_S serve:
+        allowance in use, held or to report, definitions to announce, or, as
+        the owner, grants outstanding or queues flowed or near their stop."""
+        owner = self.owner_book
+        return (
+            self._defs_pending
+            or self.book.busy(now)
+            or (owner is not None and (owner.busy() or bool(self.gateway.hot_queues())))
+        )
 
     def tick(self, now: float) -> None:
         """One round: holds promoted, requests out, the owner's duties."""
@@ -310,8 +337,10 @@ class ClusterNode:
                     self._depths_full = now
                     self._depths_sent.clear()  # every depth, for a member that missed some
                 self._broadcast_state(now, self._depths(self.gateway.depth))
-            # Each round: the queues flowed, near their stop or granted for.
-            elif depths := self._depths({*self.gateway.hot_queues(), *owner.ledgers}):
+            # Each round: the queues flowed or near their stop (the others,
+            # granted for or not, once a second above: far from their stop,
+            # their depth decides nothing and would cost a message a round).
+            elif depths := self._depths(self.gateway.hot_queues()):
                 self.bus.send(
                     {"t": "depth", "m": self.member, "e": self.epoch, "d": depths}, to="all"
                 )
@@ -339,6 +368,8 @@ class ClusterNode:
     # -- messages -----------------------------------------------------------------
 
     def _received(self, message: dict[str, Any], to_owner: bool) -> None:
+        if not self._busy and message.get("t") not in _NO_ROUNDS:
+            self._wake.set()
         try:
             self._dispatch(message, to_owner)
         except (KeyError, TypeError, ValueError) as exc:

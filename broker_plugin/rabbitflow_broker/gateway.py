@@ -107,8 +107,6 @@ class ClusterLink(Protocol):
 
     def kick(self) -> None: ...
 
-    def removed(self, key: QueueKey, messages: int, size: int) -> None: ...
-
     def flow_changed(self, key: QueueKey, stopped: bool) -> None: ...
 
     def stops_changed(self) -> None: ...
@@ -729,8 +727,9 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         depth = self.depth.add(key, -messages, -size, self._monotonic())
         if depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes:
             self._observe(key)
-        if self.cluster is not None:
-            self.cluster.removed(key, messages, size)
+        book = self._book
+        if book is not None:  # the book directly: this is per ack
+            book.removed(key, messages, size)
 
     def purged(self, vhost: str, queue: str, count: int) -> None:
         """RabbitMQ purged ``count`` ready messages."""

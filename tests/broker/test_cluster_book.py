@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Request
-from rabbitflow_broker.cluster_book import FLOW_AFTER_S, FREE_FOR_S, MemberBook, OwnerBook
+from rabbitflow_broker.cluster_book import (
+    FLOW_AFTER_S,
+    FREE_FOR_S,
+    REPORT_EVERY_S,
+    MemberBook,
+    OwnerBook,
+)
 
 KEY = ("/", "orders")
 NAME = "/\x00orders"
@@ -145,3 +151,32 @@ def test_a_member_asks_again_when_half_its_last_grant_is_used() -> None:
     assert book.due is True
     (again,) = book.requests(now=0.1)
     assert again.asked_at == 0.1
+
+
+def test_a_book_needs_rounds_while_allowance_is_in_use_and_not_after() -> None:
+    book = _book()
+    assert not book.busy(now=0.0)
+    book.publish(KEY, 100, now=0.0)  # held: asks at the next round
+    assert book.busy(now=0.0)
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request), now=0.01)
+    assert book.busy(now=1.0)  # the grant is open and its use unreported
+    assert book.busy(now=2.5)  # expired, its use still to report
+    book.requests(now=2.5)
+    assert not book.busy(now=2.5)  # reported, and the last publish a lease ago
+    book.removed(KEY, 1, 100)
+    assert book.busy(now=2.5)  # a removal to report
+    assert book.requests(now=2.6) == []  # reports wait REPORT_EVERY_S
+    assert book.busy(now=2.6)
+    book.requests(now=2.5 + REPORT_EVERY_S)
+    assert not book.busy(now=3.0)
+
+
+def test_an_owner_needs_rounds_while_a_grant_is_outstanding() -> None:
+    owner = OwnerBook("m1", batch=10, lease=2.0, epoch=1, started_at=0.0)
+    assert not owner.busy()
+    grant = owner.grant(KEY, Request("m2", NAME, 0.0, ()), 0.0, on=False)
+    assert grant is not None
+    assert owner.busy()
+    assert owner.expire(now=2.5) == {KEY: grant.amount}
+    assert not owner.busy()

@@ -24,9 +24,6 @@ class Member:
     def kick(self) -> None:
         pass
 
-    def removed(self, key: QueueKey, messages: int, size: int) -> None:
-        pass
-
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
         pass
 
@@ -93,3 +90,11 @@ def test_a_deleted_queue_forgets_the_owners_count() -> None:
     gateway.queue_deleted(*KEY)
     gateway.queue_declared(*KEY, {"qpid.flow_stop_count": 10})
     assert _shown(gateway)[:2] == (0, 0)
+
+
+def test_removals_through_a_member_are_reported_to_the_owner() -> None:
+    gateway, member = _member_gateway()
+    gateway.removed("/", "orders", 2, 30)
+    gateway.removed("/", "orders", 1, 5)
+    (request,) = member.book.requests(1.0)  # a removal report, due at once
+    assert [(r.removed, r.removed_bytes) for r in request.reports] == [(3, 35)]
