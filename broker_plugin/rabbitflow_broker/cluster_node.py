@@ -492,6 +492,7 @@ class ClusterNode:
             _log.warning("cluster ownership lost with the bus", cluster=self.name)
         self._step_down()
         self.owner_id = None
+        self.gateway.forget_shared_depths()
 
     def _broadcast_state(self, now: float, depths: list[list[Any]] | None = None) -> None:
         if not self.owner:

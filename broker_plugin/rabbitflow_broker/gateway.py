@@ -689,6 +689,12 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         that does not own the accounting): the admin API shows them."""
         self._shared.update(shared)
 
+    def forget_shared_depths(self) -> None:
+        """The owner can no longer be heard (the bus is down): show this
+        hub's own count (kept in step with RabbitMQ's) rather than the
+        owner's last figures."""
+        self._shared.clear()
+
     def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
         """Owner: other members enqueued (positive) or removed (negative)
         messages of the queue."""

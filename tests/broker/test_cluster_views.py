@@ -98,3 +98,11 @@ def test_removals_through_a_member_are_reported_to_the_owner() -> None:
     gateway.removed("/", "orders", 1, 5)
     (request,) = member.book.requests(1.0)  # a removal report, due at once
     assert [(r.removed, r.removed_bytes) for r in request.reports] == [(3, 35)]
+
+
+def test_with_the_owner_out_of_reach_a_member_shows_its_own_count() -> None:
+    gateway, _ = _member_gateway()
+    gateway.published("/", frozenset({"orders"}), 100)
+    gateway.shared_depths({KEY: (42, 4200, 3)})
+    gateway.forget_shared_depths()
+    assert _shown(gateway)[:2] == (1, 100)
