@@ -52,6 +52,7 @@ from rabbitflow_broker.service_io import (
     DescriptorWatch,
     EventSink,
     disk_store_sizes,
+    listener_lost,
     loop_exception_handler,
     server_ssl_context,
     upstream_ssl_context,
@@ -178,28 +179,16 @@ class GatewayService:
         # back beyond it.
         await asyncio.wait(self._tasks, timeout=STARTUP_GRACE_S)
         self._tasks.append(asyncio.create_task(self.collector.run(), name="gc-full"))
-        backlog = self.config.listen_backlog
-        # --workers N: the N processes share the port; the kernel spreads connections.
-        reuse_port = self.config.workers > 1 or None
         listening: dict[str, str] = {}
         address = self.config.listen_address
         if address is not None:
-            self._server = await loop.create_server(
-                self._new_relay, address[0], address[1], backlog=backlog, reuse_port=reuse_port
-            )
+            self._server = await self._listen(address[0], address[1], None)
             self.port = self._server.sockets[0].getsockname()[1]
             listening["listen"] = f"{address[0]}:{self.port}"
         tls_address = self.config.listen_tls_address
         if tls_address is not None:
             self._tls_context = server_ssl_context(self.config)
-            self._tls_server = await loop.create_server(
-                self._new_relay,
-                tls_address[0],
-                tls_address[1],
-                backlog=backlog,
-                ssl=self._tls_context,
-                reuse_port=reuse_port,
-            )
+            self._tls_server = await self._listen(*tls_address, self._tls_context)
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             listening["listen_tls"] = f"{tls_address[0]}:{self.tls_port}"
         from rabbitflow_broker.admin import create_app
@@ -237,8 +226,40 @@ class GatewayService:
             asyncio.create_task(self._reconcile_loop(), name="reconcile"),
             asyncio.create_task(self._depth_poll_loop(), name="depth-poll"),
             asyncio.create_task(self._store_loop(), name="store-quota"),
-            asyncio.create_task(self.descriptors.watch(), name="fd-watch"),
+            asyncio.create_task(self.descriptors.watch(self._relisten), name="fd-watch"),
         ]
+
+    async def _listen(self, host: str, port: int, tls: ssl.SSLContext | None) -> asyncio.Server:
+        # --workers N: the N processes share the port; the kernel spreads connections.
+        return await asyncio.get_running_loop().create_server(
+            self._new_relay,
+            host,
+            port,
+            backlog=self.config.listen_backlog,
+            ssl=tls,
+            reuse_port=self.config.workers > 1 or None,
+        )
+
+    async def _relisten(self) -> None:
+        """Open again a client listener the event loop closed (uvloop does, when
+        accepting fails for want of descriptors); tried again each second."""
+        for server, host, port, tls in (
+            (self._server, self.config.listen_address, self.port, None),
+            (self._tls_server, self.config.listen_tls_address, self.tls_port, self._tls_context),
+        ):
+            if server is None or host is None or not listener_lost(server):
+                continue
+            try:
+                reopened = await self._listen(host[0], port, tls)
+            except OSError as exc:
+                _log.error("client listener closed: cannot listen again yet", error=str(exc))
+                continue
+            _log.error("client listener closed by the event loop: listening again", port=port)
+            server.close()
+            if tls is None:
+                self._server = reopened
+            else:
+                self._tls_server = reopened
 
     def _not_ready_yet(self, _state: tenacity.RetryCallState) -> None:
         self.gateway.ready_error = (

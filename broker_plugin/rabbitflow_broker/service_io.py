@@ -20,7 +20,7 @@ import os
 import resource
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -226,17 +226,36 @@ class DescriptorWatch:
                 return True
         return False
 
-    async def watch(self, interval_s: float = 1.0) -> None:
-        """Try the table every ``interval_s`` (see :meth:`full`) until cancelled."""
+    async def watch(
+        self, also: Callable[[], Awaitable[None]] | None = None, interval_s: float = 1.0
+    ) -> None:
+        """Try the table every ``interval_s`` (see :meth:`full`), then run
+        ``also`` (the listeners' check), until cancelled."""
         while True:
             await asyncio.sleep(interval_s)
             self.full()
+            if also is not None:
+                try:
+                    await also()
+                except Exception:  # one bad check must not end the watch
+                    _log.exception("descriptor watch: check failed")
 
     def _say(self) -> None:
         now = time.monotonic()
         if now - self._said_at >= self._quiet_s:
             self._said_at = now
             _log.error(_FD_MESSAGE, limit=self.limit)
+
+
+def listener_lost(server: asyncio.AbstractServer) -> bool:
+    """Whether the event loop closed a listener of ``server`` under it.
+
+    uvloop closes a listening socket, without a word, when libuv's accept
+    callback reports an error (it can when descriptors run out); the socket
+    object the server handed out then has no descriptor left.
+    """
+    sockets = getattr(server, "sockets", None) or ()
+    return not sockets or any(sock is None or sock.fileno() < 0 for sock in sockets)
 
 
 def loop_exception_handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:

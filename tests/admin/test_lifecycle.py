@@ -233,3 +233,32 @@ def test_the_socket_that_takes_the_last_descriptor_is_named_once_per_quiet_perio
         with capture_logs() as unlimited:
             DescriptorWatch(limit=None).opened(_SocketTransport(high))
         assert unlimited == []
+
+
+def test_a_client_listener_the_event_loop_closed_is_opened_again(
+    make_service: Callable[..., GatewayService],
+) -> None:
+    """uvloop closes a listener, silently, when libuv's accept callback
+    reports an error (descriptors ran out): the watch opens it again on the
+    same port, and says so."""
+    import uvloop
+
+    async def scenario() -> list[dict[str, object]]:
+        service = make_service()
+        service._server = await service._listen("127.0.0.1", 0, None)
+        service.port = service._server.sockets[0].getsockname()[1]
+        service._server.close()  # as uvloop does on the listen callback's error
+        with capture_logs() as logs:
+            await service._relisten()
+        _reader, writer = await asyncio.open_connection("127.0.0.1", service.port)
+        writer.close()
+        assert service._server.sockets[0].getsockname()[1] == service.port
+        service._server.close()
+        await service.management.close()
+        return logs
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        logs = runner.run(scenario())
+    assert [entry["event"] for entry in logs] == [
+        "client listener closed by the event loop: listening again"
+    ]
