@@ -44,6 +44,14 @@ def wait_for(
     pytest.fail(f"timed out after {timeout}s waiting for {what or condition!r} (last: {last!r})")
 
 
+def serving(log: Path) -> bool:
+    """Whether a gateway writing ``log`` is ready and listening: it may say
+    "gateway ready" before its listeners open (start-up waits a short grace
+    for RabbitMQ first), and a client connecting in between is refused."""
+    text = log.read_text()
+    return "gateway ready" in text and "gateway listening" in text
+
+
 class RunningGateway:
     """A gateway service driven by its own event loop thread."""
 

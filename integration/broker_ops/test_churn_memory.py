@@ -26,7 +26,7 @@ import pika
 import pytest
 
 from bench.connection_churn import churn, rss_bytes
-from integration.broker.conftest import wait_for
+from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
 from rabbitflow_broker.rabbitmq_node import free_port
 
@@ -82,7 +82,7 @@ def test_churn_leaves_memory_fds_and_tasks_flat(
             env=environ,
         )
     try:
-        wait_for(lambda: "gateway ready" in log.read_text(), timeout=30, what="gateway ready")
+        wait_for(lambda: serving(log), timeout=30, what="gateway ready and listening")
         confirmed = asyncio.run(churn(port, churn_queue, 0, WARM_UP))
         wait_for(lambda: _runtime(admin_port)["connections"] == 0, timeout=30, what="warm-up gone")
         pid = process.pid

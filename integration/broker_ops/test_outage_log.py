@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.broker.conftest import wait_for
+from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
 from rabbitflow_broker.rabbitmq_node import free_port
 
@@ -61,7 +61,7 @@ def test_outage_logs_one_lost_line_and_one_back_line(
             env=environ,
         )
     try:
-        wait_for(lambda: "gateway ready" in log.read_text(), timeout=30, what="gateway ready")
+        wait_for(lambda: serving(log), timeout=30, what="gateway ready and listening")
         node.stop()
         wait_for(lambda: "upstream lost" in log.read_text(), timeout=30, what="upstream lost")
         time.sleep(OUTAGE_S)  # the outage itself: the gateway polls every second meanwhile

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.broker.conftest import wait_for
+from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
 from rabbitflow_broker.demo import main
 from rabbitflow_broker.rabbitmq_node import free_port
@@ -78,7 +78,7 @@ def compose_gateway(broker: Broker, tmp_path: Path) -> Iterator[_Mapped]:
         process = subprocess.Popen([BROKER_CLI, *args], stderr=stderr, env=environ)
     try:
         wait_for(
-            lambda: process.poll() is not None or "gateway ready" in log.read_text(),
+            lambda: process.poll() is not None or serving(log),
             timeout=30,
             what="the compose gateway ready",
         )
