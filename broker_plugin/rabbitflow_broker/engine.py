@@ -104,6 +104,8 @@ class Engine(Connection, Session):
         # frames of a client that reopens the number meanwhile wait here.
         self.upstream_closing: dict[int, list[bytes]] = {}
         self.upstream_node = ""
+        #: RabbitMQ's Connection.Close went to the client (its Close-Ok is awaited).
+        self.closed_by_upstream = False
         self.from_client = FromClient()
         self.from_upstream = FromUpstream()
         self.state = Lifecycle()
@@ -140,9 +142,15 @@ class Engine(Connection, Session):
         return self._finish()
 
     def upstream_failed(self, now: float, cause: str) -> Actions:
-        """The upstream connection could not be opened: tell the client why."""
+        """The upstream connection could not be opened, or ended: tell the
+        client why, unless RabbitMQ's own Connection.Close reached it already
+        (then its Close-Ok is awaited, as for the gateway's)."""
         self._begin(now)
-        self.close_connection(amqp.CONNECTION_FORCED, cause)
+        if self.closed_by_upstream:
+            if not self.state.ending:
+                self.state.close(now + CLOSE_GRACE_S)
+        else:
+            self.close_connection(amqp.CONNECTION_FORCED, cause)
         return self._finish()
 
     def receive_client(self, data: bytes, now: float) -> Actions:
@@ -351,6 +359,7 @@ class Engine(Connection, Session):
         elif method == amqp.CONNECTION_OPEN_OK:
             self.state.move(Event.UPSTREAM_OPEN_OK)
         elif method == amqp.CONNECTION_CLOSE:
+            self.closed_by_upstream = True
             self.state.move(Event.PASS)  # the client's Close-Ok goes to RabbitMQ
 
     def connection_method(self, method: int, payload: bytes) -> bool:

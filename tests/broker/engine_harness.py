@@ -86,6 +86,9 @@ class Wire:
     def refresh(self) -> Actions:
         return self._take(self.engine.refresh(self.now))
 
+    def upstream_failed(self, cause: str) -> Actions:
+        return self._take(self.engine.upstream_failed(self.now, cause))
+
     def tick(self, now: float) -> Actions:
         self.now = now
         return self._take(self.engine.tick(now))

@@ -14,6 +14,7 @@ from pamqp import commands
 from rabbitflow_broker import engine as engine_module
 from rabbitflow_broker.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine import PAUSE_MESSAGES, PRE_LOGIN_BUFFER
+from rabbitflow_broker.engine_state import Mode
 from tests.broker.engine_harness import deliver, method, publish, wire
 
 
@@ -392,6 +393,16 @@ def test_a_node_stopping_reaches_the_client_as_320_naming_the_node() -> None:
     close_ok = method(0, commands.Connection.CloseOk())
     w.client(close_ok)
     assert bytes(w.to_upstream) == close_ok
+
+
+def test_a_node_that_closed_cleanly_then_dropped_tcp_gets_no_second_close() -> None:
+    w = wire(node="10.0.0.2:5672")
+    w.upstream(_rabbitmq_close(320, SHUTDOWN))
+    assert len(w.client_methods()) == 1  # RabbitMQ's Close, naming the node
+    w.upstream_failed("upstream node 10.0.0.2:5672 went away")
+    assert w.client_methods() == []  # not a second Close: its Close-Ok is awaited
+    w.client(method(0, commands.Connection.CloseOk()))
+    assert w.engine.state.mode is Mode.CLOSED
 
 
 @pytest.mark.parametrize(("code", "text"), [(530, "NOT_ALLOWED - vhost gone"), (403, "ACCESS")])
