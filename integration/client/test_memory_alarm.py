@@ -6,18 +6,22 @@ blocks publishing connections and tells them with ``connection.blocked``.
 A producer sending on a background thread must stop returning from
 ``send()`` and log the "delayed" warnings; when the watermark is restored
 it must finish, and the queue must hold every message once, in order.
+The same holds through the gateway, which relays ``connection.blocked``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 import rabbitflow
 
 from ..conftest import Broker
+from ._gateways import GatewayProcess
 from ._support import (
     Sender,
     clear_memory_alarm,
@@ -38,23 +42,34 @@ def _delayed(seconds: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("path", ["direct", "through the gateway"])
 def test_send_blocks_during_a_memory_alarm_and_resumes_without_loss(
     throwaway_broker: Broker,
     unique_name: Callable[[str], str],
     caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    path: str,
 ) -> None:
     node = throwaway_broker.node
     assert node is not None
     caplog.set_level(logging.DEBUG, logger="rabbitflow.client")
     queue = unique_name("alarm")
+    url = throwaway_broker.url
+    stack = contextlib.ExitStack()
+    if path != "direct":
+        gateway = stack.enter_context(
+            contextlib.closing(GatewayProcess(throwaway_broker, tmp_path))
+        )
+        gateway.start()
+        url = gateway.url
     factory = rabbitflow.ConnectionFactory(
-        throwaway_broker.url,
+        url,
         properties={
             "qpid.flow_control_wait_notify_period": 1000,
             "qpid.flow_control_wait_failure": 120000,
         },
     )
-    with factory.create_connection() as connection:
+    with stack, factory.create_connection() as connection:
         session = connection.create_session()
         producer = session.create_producer(session.create_queue(queue), capacity=10)
         for n in range(1, BEFORE_ALARM + 1):

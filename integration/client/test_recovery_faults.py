@@ -1,7 +1,9 @@
 """Recovery under fault injection: a proxy cuts the connection at chosen
 frames (after N publishes; at the k-th Channel.Open of a reconnection; at
 the first publish of a reconnection; twice and three times in a row) while
-several sessions of one connection send to the real RabbitMQ.
+several sessions of one connection send to the real RabbitMQ (directly,
+and for the hardest plans through the gateway: the proxy then sits between
+the client and the gateway).
 
 Every message ``send()`` accepted must arrive (a re-sent unconfirmed message
 may arrive twice), in order per producer, with no flow-control warning, no
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -67,15 +70,37 @@ def _in_order_once_each(received: list[int], count: int) -> bool:
     return first == list(range(1, count + 1))
 
 
+THROUGH_GATEWAY = ("twice-in-a-row", "three-times-in-a-row")
+
+
+@pytest.fixture
+def target(broker: Broker, path: str, request: pytest.FixtureRequest) -> tuple[str, int]:
+    """Where the fault proxy relays to: RabbitMQ, or a gateway in front of it."""
+    if path == "direct":
+        return broker.host, broker.port
+    gateway = urlsplit(request.getfixturevalue("gateway_url"))
+    assert gateway.hostname is not None
+    assert gateway.port is not None
+    return gateway.hostname, gateway.port
+
+
 @pytest.mark.slow  # 9,000 messages through the fault proxy per plan
-@pytest.mark.parametrize("plan", list(PLANS), ids=list(PLANS))
+@pytest.mark.parametrize(
+    ("plan", "path"),
+    [(plan, "direct") for plan in PLANS] + [(plan, "gateway") for plan in THROUGH_GATEWAY],
+    ids=[*PLANS, *(f"{plan}-through-the-gateway" for plan in THROUGH_GATEWAY)],
+)
 def test_every_accepted_send_arrives_in_order_across_cuts(
-    broker: Broker, queues: list[str], plan: str, caplog: pytest.LogCaptureFixture
+    broker: Broker,
+    queues: list[str],
+    target: tuple[str, int],
+    plan: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=CLIENT_LOGGER)
     cuts = PLANS[plan]
     errors: list[BaseException] = []
-    with FaultProxy((broker.host, broker.port), cuts) as proxy:
+    with FaultProxy(target, cuts) as proxy:
         factory = rabbitflow.ConnectionFactory(proxy.url(), properties=RECOVERY)
         connection = factory.create_connection()
         sessions = [connection.create_session() for _ in queues]
