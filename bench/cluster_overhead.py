@@ -23,6 +23,10 @@ both members; target: the cluster within 10 % of the standalone gateway);
 and the control messages the members sent per 1,000 messages of the
 workload (``controlMessages.sent`` of ``GET /api/cluster``, summed over the
 members, heartbeats included; the idle rate of heartbeats is printed first).
+A last table splits the cluster's CPU per message between the member the
+clients use and the owner, and gives each path's CPU per message less its
+idle rate (CPU a second with no client, measured for 10 s at the start, times
+the run's length): the part that grows with the messages.
 
 Run: ``.venv/bin/python bench/cluster_overhead.py [--messages N] [--rounds R]``
 (full run: 50,000 messages per workload, 5 rounds; ``--messages 5000
@@ -73,6 +77,8 @@ SINGLE = "single"
 CLUSTER = "cluster"
 #: The cluster's CPU per message may exceed the standalone gateway's by this share.
 CPU_TARGET = 0.10
+#: Seconds of idle measured at the start (CPU time comes in 10 ms ticks).
+IDLE_S = 10.0
 #: Tries to open a round's connection before giving up.
 CONNECT_ATTEMPTS = 3
 
@@ -104,7 +110,10 @@ class Target:
         self.admin_ports = admin_ports
 
     def cpu(self) -> float:
-        return sum(process_cpu_seconds(pid) for pid in self.pids)
+        return sum(self.cpu_each())
+
+    def cpu_each(self) -> list[float]:
+        return [process_cpu_seconds(pid) for pid in self.pids]
 
     def control_sent(self) -> int:
         return sum(int(cluster_view(port)["controlMessages"]["sent"]) for port in self.admin_ports)
@@ -142,7 +151,10 @@ def run_workload(
     rounds: int,
     thresholds: dict[str, int],
     control: list[float],
+    split: list[tuple[float, ...]],
 ) -> None:
+    """Run ``workload``'s rounds; ``split`` gets, per cluster round, its
+    seconds and each member's CPU seconds (the member the clients use first)."""
     labels = list(paths)
     for round_no in range(rounds):
         shift = round_no % len(labels)
@@ -152,11 +164,14 @@ def run_workload(
                 if workload.prepare is not None:
                     workload.prepare(queue)
                 sent0 = path.control_sent() if path.admin_ports else 0
-                broker0, gateway0 = process_cpu_seconds(broker), path.cpu()
+                broker0, each0 = process_cpu_seconds(broker), path.cpu_each()
                 client0 = time.process_time()
                 seconds, latencies = workload.run(path.url, queue)
                 client1 = time.process_time()
-                broker1, gateway1 = process_cpu_seconds(broker), path.cpu()
+                broker1, each1 = process_cpu_seconds(broker), path.cpu_each()
+                gateway0, gateway1 = sum(each0), sum(each1)
+                if label == CLUSTER:
+                    split.append((seconds, *(b - a for a, b in zip(each0, each1, strict=True))))
                 sent1 = path.control_sent() if path.admin_ports else 0
                 if result.expect_depth is not None:
                     depth = queue_depth(direct, queue)
@@ -182,6 +197,40 @@ def run_workload(
 
 def _median(values: list[float] | None) -> float | None:
     return statistics.median(values) if values else None
+
+
+def print_split(
+    results: list[tuple[Result, list[float]]],
+    splits: list[list[tuple[float, ...]]],
+    idle: dict[str, float],
+) -> None:
+    """Where the cluster's CPU goes: each member's share per message, and
+    what is left of each path's CPU per message once its idle rate (CPU a
+    second with no client, measured at the start) is taken out."""
+    print()
+    print(
+        f"idle CPU, ms a second: one gateway {idle['single']:.1f}, cluster member the "
+        f"clients use {idle['member']:.1f}, owner {idle['owner']:.1f}"
+    )
+    print(
+        f"{'workload':<22} {'member µs':>9} {'owner µs':>9}  "
+        f"{'single-idle':>11} {'clust-idle':>10} {'x':>5}"
+    )
+    for (result, _control), split in zip(results, splits, strict=True):
+        if not split:
+            continue
+        n = result.messages
+        member = statistics.median(row[1] for row in split) * 1e6 / n
+        owner = statistics.median(row[2] for row in split) * 1e6 / n
+        seconds = statistics.median(row[0] for row in split)
+        single_us = result.median(result.gateway_us, SINGLE) or 0.0
+        single_busy = single_us - idle["single"] * seconds * 1e3 / n
+        cluster_busy = member + owner - (idle["member"] + idle["owner"]) * seconds * 1e3 / n
+        ratio = f"{cluster_busy / single_busy:.2f}" if single_busy > 0 else "-"
+        print(
+            f"{result.name:<22} {member:>9.1f} {owner:>9.1f}  "
+            f"{single_busy:>11.1f} {cluster_busy:>10.1f} {ratio:>5}"
+        )
 
 
 def print_summary(results: list[tuple[Result, list[float]]]) -> bool:
@@ -279,12 +328,23 @@ def main(argv: list[str] | None = None) -> int:
         paths = {
             DIRECT: Target(args.url, [], []),
             SINGLE: Target(single.url, [single.pid], []),
-            CLUSTER: Target(entry.url, [m.pid for m in members], [m.admin_port for m in members]),
+            CLUSTER: Target(
+                entry.url,
+                [entry.pid, *(m.pid for m in members if m is not entry)],
+                [m.admin_port for m in members],
+            ),
         }
         cluster_path = paths[CLUSTER]
         idle0, idle_t0 = cluster_path.control_sent(), time.monotonic()
-        time.sleep(3.0)
-        idle = (cluster_path.control_sent() - idle0) / (time.monotonic() - idle_t0)
+        cpu0 = [*paths[SINGLE].cpu_each(), *cluster_path.cpu_each()]
+        time.sleep(IDLE_S)
+        cpu1 = [*paths[SINGLE].cpu_each(), *cluster_path.cpu_each()]
+        idle_s = time.monotonic() - idle_t0
+        idle = (cluster_path.control_sent() - idle0) / idle_s
+        idle_cpu = {
+            label: (b - a) * 1e3 / idle_s
+            for label, a, b in zip(("single", "member", "owner"), cpu0, cpu1, strict=True)
+        }
         print(
             f"standalone gateway pid {single.pid}; cluster {name!r}: members "
             f"{[m.pid for m in members]} (clients on pid {entry.pid}, the other owns), batch "
@@ -299,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.workload:
             workloads = [(r, w) for r, w in workloads if r.name in args.workload]
         results: list[tuple[Result, list[float]]] = []
+        splits: list[list[tuple[float, ...]]] = []
         for result, workload in workloads:
             control: list[float] = []
+            split: list[tuple[float, ...]] = []
             thresholds = {
                 "qpid.flow_stop_count": 4 * result.messages,
                 "qpid.flow_resume_count": 2 * result.messages,
@@ -314,11 +376,14 @@ def main(argv: list[str] | None = None) -> int:
                 rounds=args.rounds,
                 thresholds=thresholds,
                 control=control,
+                split=split,
             )
             results.append((result, control))
+            splits.append(split)
 
     print(f"load average at the end: {_loadavg()}")
     ok = print_summary(results)
+    print_split(results, splits, idle_cpu)
     print()
     print(
         f"targets for the cluster: through÷direct >= {RATIO_TARGET} (throughput workloads) and "
