@@ -7,21 +7,7 @@ carrying reports: at most one per half batch per queue), and while it owns
 the accounting it answers requests, expires grants and broadcasts the
 cluster's state.  See ``docs/cluster.md`` for the design and its bound.
 
-Messages (JSON, ``t`` is the type):
-
-========  ===================  =================================================
-``t``     to                   what
-========  ===================  =================================================
-hello     owner queue, all     a member's heartbeat and description
-req       owner                allowance request (``a``: asked at), with reports
-rep       owner                reports only
-grant     the member           a grant
-free      the member           the queue has no thresholds: no allowance needed
-state     all                  owner, epoch, ON queues, administrator stops, depths
-depth     all                  the owner's depths of the queues in use (each round)
-stops     all                  administrator stops changed on a member
-thr       all                  runtime thresholds set on a member
-========  ===================  =================================================
+The control messages are described in :mod:`rabbitflow_broker.cluster_wire`.
 """
 
 from __future__ import annotations
@@ -39,9 +25,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Report, Request
+from rabbitflow_broker.cluster import Flow, FlowUpdate, Report, Request
 from rabbitflow_broker.cluster_book import MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.cluster_bus import BusError, ControlBus
+from rabbitflow_broker.cluster_wire import (
+    grant_message,
+    queue_name,
+    read_grant,
+    read_thresholds,
+    request_message,
+    thresholds_message,
+)
 from rabbitflow_broker.flow import Thresholds
 
 if TYPE_CHECKING:
@@ -198,7 +192,9 @@ class ClusterNode:
             self._send_request(request)
 
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
-        self.book.flow(key, FlowUpdate(_name(key), Flow.ON if stopped else Flow.OFF, self.epoch))
+        self.book.flow(
+            key, FlowUpdate(queue_name(key), Flow.ON if stopped else Flow.OFF, self.epoch)
+        )
         self._broadcast_state(self._monotonic())
 
     def stops_changed(self) -> None:
@@ -239,21 +235,7 @@ class ClusterNode:
         self._refreshing = asyncio.get_running_loop().create_task(refresh())
 
     def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
-        self.bus.send(
-            {
-                "t": "thr",
-                "m": self.member,
-                "v": key[0],
-                "q": key[1],
-                "th": [
-                    thresholds.stop_count,
-                    thresholds.resume_count,
-                    thresholds.stop_size,
-                    thresholds.resume_size,
-                ],
-            },
-            to="all",
-        )
+        self.bus.send(thresholds_message(self.member, key, thresholds), to="all")
 
     # -- running ----------------------------------------------------------------------
 
@@ -346,18 +328,7 @@ class ClusterNode:
                 )
 
     def _send_request(self, request: Request) -> None:
-        vhost, queue = _key(request.queue)
-        message: dict[str, Any] = {
-            "t": "rep" if math.isnan(request.asked_at) else "req",
-            "m": self.member,
-            "v": vhost,
-            "q": queue,
-            "a": None if math.isnan(request.asked_at) else request.asked_at,
-            "r": [
-                [r.grant_id, r.used, r.removed, r.returned, r.used_bytes, r.removed_bytes]
-                for r in request.reports
-            ],
-        }
+        message = request_message(self.member, request)
         if self.owner:
             self._owner_request(message)
         elif self.owner_id is not None:
@@ -407,18 +378,8 @@ class ClusterNode:
             if message["m"] != self.member:
                 self._apply_stops(message["stops"])
         elif kind == "thr" and message["m"] != self.member:
-            key = (str(message["v"]), str(message["q"]))
-            stop_count, resume_count, stop_size, resume_size = message["th"]
-            self.gateway.load_runtime_thresholds(
-                {
-                    key: Thresholds(
-                        stop_count=stop_count,
-                        resume_count=resume_count,
-                        stop_size=stop_size,
-                        resume_size=resume_size,
-                    )
-                }
-            )
+            key, thresholds = read_thresholds(message)
+            self.gateway.load_runtime_thresholds({key: thresholds})
             self.book.governed(key)
 
     def _apply_stops(self, stops: list[list[str | None]]) -> None:
@@ -426,15 +387,7 @@ class ClusterNode:
         self.gateway.replace_admin_stops([(stop[0], stop[1]) for stop in stops])
 
     def _granted(self, message: dict[str, Any], now: float) -> None:
-        key = (str(message["v"]), str(message["q"]))
-        grant = Grant(
-            self.member,
-            _name(key),
-            int(message["g"]),
-            int(message["n"]),
-            float(message["a"]),
-            int(message["e"]),
-        )
+        key, grant = read_grant(self.member, message)
         if self.book.granted(key, grant, now):
             self.gateway.holds_changed({key[0]})
 
@@ -453,7 +406,7 @@ class ClusterNode:
         on = {(str(v), str(q)) for v, q in message["on"]}
         for key in set(self.book.queues) | on:
             flow = Flow.ON if key in on else Flow.OFF
-            self.book.flow(key, FlowUpdate(_name(key), flow, epoch))
+            self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch))
         self.gateway.set_cluster_flow(on)
         if not self._stops_seen:
             self._apply_stops(message["stops"])
@@ -492,7 +445,7 @@ class ClusterNode:
             _log.warning("cluster ownership lost with the bus", cluster=self.name)
         self._step_down()
         self.owner_id = None
-        self.gateway.forget_shared_depths()
+        self.gateway.shared_depths(None)
 
     def _broadcast_state(self, now: float, depths: list[list[Any]] | None = None) -> None:
         if not self.owner:
@@ -534,7 +487,7 @@ class ClusterNode:
         used = used_bytes = removed = removed_bytes = 0
         for grant_id, r_used, r_removed, returned, r_used_bytes, r_removed_bytes in message["r"]:
             report = Report(
-                member, _name(key), int(grant_id), int(r_used), int(r_removed), bool(returned)
+                member, queue_name(key), int(grant_id), int(r_used), int(r_removed), bool(returned)
             )
             if int(grant_id) >> 32 == owner.epoch:
                 counted = owner.settle(key, report)
@@ -557,7 +510,7 @@ class ClusterNode:
         if not (thresholds.stop_count or thresholds.stop_size):
             self._reply(member, {"t": "free", "v": key[0], "q": key[1]})
             return
-        request = Request(member, _name(key), float(message["a"]))
+        request = Request(member, queue_name(key), float(message["a"]))
         grant = owner.grant(
             key,
             request,
@@ -568,18 +521,7 @@ class ClusterNode:
             sharers=max(1, len(self.members)),
         )
         if grant is not None:
-            self._reply(
-                member,
-                {
-                    "t": "grant",
-                    "v": key[0],
-                    "q": key[1],
-                    "g": grant.grant_id,
-                    "n": grant.amount,
-                    "a": grant.asked_at,
-                    "e": grant.epoch,
-                },
-            )
+            self._reply(member, grant_message(key, grant))
 
     def _reply(self, member: str, message: dict[str, Any]) -> None:
         if member == self.member:
@@ -620,12 +562,3 @@ class ClusterNode:
             "members": members,
             "allowances": self.book.describe(now),
         }
-
-
-def _name(key: QueueKey) -> str:
-    return f"{key[0]}\x00{key[1]}"
-
-
-def _key(name: str) -> QueueKey:
-    vhost, _, queue = name.partition("\x00")
-    return vhost, queue

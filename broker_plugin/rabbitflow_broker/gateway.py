@@ -684,16 +684,12 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         if changes is not None:
             changes.vhosts.update(vhosts)
 
-    def shared_depths(self, shared: dict[QueueKey, tuple[int, int, int]]) -> None:
-        """The owner's depth and flowStoppedCount of these queues (a member
-        that does not own the accounting): the admin API shows them."""
-        self._shared.update(shared)
-
-    def forget_shared_depths(self) -> None:
-        """The owner can no longer be heard (the bus is down): show this
-        hub's own count (kept in step with RabbitMQ's) rather than the
-        owner's last figures."""
-        self._shared.clear()
+    def shared_depths(self, shared: dict[QueueKey, tuple[int, int, int]] | None) -> None:
+        """The owner's depth and flowStoppedCount of these queues, for the admin
+        API (a member); None: the owner cannot be heard, show this hub's own."""
+        if shared is None:
+            self._shared.clear()
+        self._shared.update(shared or {})
 
     def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
         """Owner: other members enqueued (positive) or removed (negative)
@@ -733,9 +729,8 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         depth = self.depth.add(key, -messages, -size, self._monotonic())
         if depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes:
             self._observe(key)
-        book = self._book
-        if book is not None:  # the book directly: this is per ack
-            book.removed(key, messages, size)
+        if self._book is not None:  # the book directly: this is per ack
+            self._book.removed(key, messages, size)
 
     def purged(self, vhost: str, queue: str, count: int) -> None:
         """RabbitMQ purged ``count`` ready messages."""

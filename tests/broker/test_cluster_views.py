@@ -104,5 +104,5 @@ def test_with_the_owner_out_of_reach_a_member_shows_its_own_count() -> None:
     gateway, _ = _member_gateway()
     gateway.published("/", frozenset({"orders"}), 100)
     gateway.shared_depths({KEY: (42, 4200, 3)})
-    gateway.forget_shared_depths()
+    gateway.shared_depths(None)
     assert _shown(gateway)[:2] == (1, 100)

@@ -47,7 +47,6 @@ FUNCTIONS_ALLOWED: dict[str, tuple[int, str]] = {
     ),
     "broker_plugin/rabbitflow_broker/demo.py:_run_against": (146, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/gateway.py:Gateway.set_runtime_thresholds": (70, _SPLIT_LATER),
-    "broker_plugin/rabbitflow_broker/service.py:GatewayService.start": (63, _SPLIT_LATER),
     "broker_plugin/rabbitflow_broker/metrics.py:GatewayCollector._queue_metrics": (
         63,
         _SPLIT_LATER,
