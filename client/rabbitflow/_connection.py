@@ -9,16 +9,16 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import tenacity
 
 from . import _system
+from ._connection_base import ConnectionBase, TransportFactory, Transports
 from ._connection_core import (
     ConsumerFlowBook,
     ExceptionListener,
     ProducerBook,
-    TransportEvents,
     detach,
     fail,
     log_lost,
@@ -47,22 +47,6 @@ Waiter = Callable[[threading.Condition, float], None]
 
 def _condition_wait(condition: threading.Condition, timeout: float) -> None:
     condition.wait(timeout)
-
-
-class TransportFactory(Protocol):
-    """Builds the transport of a connection (a fake one in unit tests)."""
-
-    def __call__(
-        self,
-        url: str,
-        listener: TransportListener,
-        *,
-        heartbeat: int,
-        name: str,
-        ssl_context: ssl.SSLContext | None,
-    ) -> PikaTransport:
-        """A transport that is not yet connected."""
-        ...
 
 
 def _pika_transport(
@@ -109,7 +93,7 @@ class ConnectionFactory:
         *,
         properties: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        _transport_factory: TransportFactory | None = None,
+        _transport_factory: TransportFactory[PikaTransport] | None = None,
         _sleep: Callable[[float], None] = time.sleep,
         _clock: Callable[[], float] = time.monotonic,
         _wait: Waiter | None = None,
@@ -176,7 +160,7 @@ def connect_first(endpoints: Endpoints, connect: Callable[[str], R]) -> R:
     raise all_failed(errors)
 
 
-class Connection:
+class Connection(ConnectionBase):
     """A connection to the broker, recovered automatically when lost.
 
     Created stopped (as in JMS): consumers receive nothing until ``start()``.
@@ -189,7 +173,7 @@ class Connection:
         self,
         urls: Sequence[str],
         config: ClientConfig,
-        transport_factory: TransportFactory,
+        transport_factory: TransportFactory[PikaTransport],
         sleep: Callable[[float], None],
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -197,16 +181,24 @@ class Connection:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._endpoints = Endpoints(urls)
-        self._ssl_context = ssl_context
         self.clock = clock
         self.wait = wait or _condition_wait
         self.config = config
-        self._transport_factory = transport_factory
         self._sleep = sleep
         self._name = f"rabbitflow-{next(self._names)}"
         # Guards the link state, the sessions and the producers.
         self._cond = threading.Condition(threading.RLock())
         self._state = LinkState()
+        self._transports = Transports(
+            transport_factory,
+            config,
+            self._name,
+            ssl_context,
+            self._state,
+            blocked=self._on_blocked,
+            unblocked=self._on_unblocked,
+            lost=self._on_lost,
+        )
         self._started = False
         self._listener: ExceptionListener | None = None
         self._sessions: dict[Session, Callable[[], None]] = {}  # -> its restore
@@ -221,7 +213,7 @@ class Connection:
         self._transport = connect_first(self._endpoints, self._connected_transport)
 
     def _connected_transport(self, url: str) -> PikaTransport:
-        transport, generation = self._new_transport(url)
+        transport, generation = self._transports.new(url)
         try:
             transport.connect()
         except JMSException:
@@ -230,74 +222,7 @@ class Connection:
         self._state.use(generation)
         return transport
 
-    def _new_transport(self, url: str) -> tuple[PikaTransport, int]:
-        generation = self._state.new_transport()
-        transport = self._transport_factory(
-            url,
-            TransportEvents(
-                generation,
-                blocked=self._on_blocked,
-                unblocked=self._on_unblocked,
-                lost=self._on_lost,
-            ),
-            heartbeat=self.config.heartbeat_s,
-            name=self._name,
-            ssl_context=self._ssl_context,
-        )
-        return transport, generation
-
     # ------------------------------------------------------------- public
-    @property
-    def url(self) -> str:
-        """The broker URL in use (or last tried, while recovering)."""
-        return self._endpoints.current
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        """Every broker URL, in the order they are tried."""
-        return self._endpoints.urls
-
-    @property
-    def started(self) -> bool:
-        """True between start() and stop()."""
-        return self._started
-
-    @property
-    def is_blocked(self) -> bool:
-        """True while the broker has blocked the connection (resource alarm)."""
-        return self._producers.blocked is not None
-
-    @property
-    def buffered_count(self) -> int:
-        """Messages buffered for all consumers of this connection."""
-        return self._flow.buffered
-
-    @property
-    def reconnect_count(self) -> int:
-        """How often the connection was recovered."""
-        return self._state.reconnect_count
-
-    def start(self) -> None:
-        """Start (or resume) delivery to consumers.
-
-        Raises:
-            IllegalStateError: the connection is closed.
-        """
-        self._state.check_open()
-        self._started = True
-        self._flow.activate()
-        for consumer in self._flow.consumers():
-            consumer.wake()
-
-    def stop(self) -> None:
-        """Pause delivery to consumers (receive() waits, listeners idle).
-
-        Raises:
-            IllegalStateError: the connection is closed.
-        """
-        self._state.check_open()
-        self._started = False
-
     def create_session(
         self, transacted: bool = False, acknowledge_mode: int = AUTO_ACKNOWLEDGE
     ) -> Session:
@@ -332,11 +257,6 @@ class Connection:
             flow=self._flow,
             closed=self._session_closed,
         )
-
-    def set_exception_listener(self, listener: ExceptionListener | None) -> None:
-        """Call ``listener(error)`` when recovery gives up or the broker closes
-        a channel of this connection (from an internal thread)."""
-        self._listener = listener
 
     def get_exception_listener(self) -> ExceptionListener | None:
         """The exception listener."""
@@ -394,6 +314,9 @@ class Connection:
     def _recovering_or_lost(self) -> bool:
         return self._state.recovering or self._transport.lost
 
+    def _report(self, error: JMSException) -> None:
+        report(self._listener, error)
+
     def _open_channel(self, handler: ChannelHandler) -> TransportChannel:
         return self._transport.open_channel(handler)
 
@@ -407,9 +330,6 @@ class Connection:
         """``fn`` in ``delay`` s on the I/O thread (a timer of the transport in use)."""
         transport = self._transport
         transport.post(lambda: transport.call_later(delay, fn))
-
-    def _report(self, error: JMSException) -> None:
-        report(self._listener, error)
 
     def _register_producer(self, producer: ProducerControl[TransportChannel]) -> None:
         with self._cond:
@@ -501,7 +421,7 @@ class Connection:
         with self._cond:
             if not self._state.attempt():
                 return
-        transport, generation = self._new_transport(self._endpoints.next())
+        transport, generation = self._transports.new(self._endpoints.next())
         try:
             transport.connect()
             with self._cond:

@@ -10,16 +10,16 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import tenacity
 
 from .. import _system
+from .._connection_base import ConnectionBase, TransportFactory, Transports
 from .._connection_core import (
     ConsumerFlowBook,
     ExceptionListener,
     ProducerBook,
-    TransportEvents,
     detach,
     fail,
     log_lost,
@@ -41,22 +41,6 @@ from ._session import Session, SessionContext, open_session
 from ._transport import AioChannel, AioTransport
 
 __all__ = ["Connection", "ConnectionFactory"]
-
-
-class TransportFactory(Protocol):
-    """Builds the transport of a connection (a fake one in unit tests)."""
-
-    def __call__(
-        self,
-        url: str,
-        listener: TransportListener,
-        *,
-        heartbeat: int,
-        name: str,
-        ssl_context: ssl.SSLContext | None,
-    ) -> AioTransport:
-        """A transport that is not yet connected."""
-        ...
 
 
 def _aio_transport(
@@ -88,7 +72,7 @@ class ConnectionFactory:
         *,
         properties: Mapping[str, Any] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        _transport_factory: TransportFactory | None = None,
+        _transport_factory: TransportFactory[AioTransport] | None = None,
     ) -> None:
         """Validate the configuration.
 
@@ -122,7 +106,7 @@ class ConnectionFactory:
         return f"aio.ConnectionFactory({urls!r}, config={self.config!r})"
 
 
-class Connection:
+class Connection(ConnectionBase):
     """A connection to the broker on the running loop, recovered when lost.
 
     Created stopped (as in JMS): consumers receive nothing until ``start()``.
@@ -135,17 +119,25 @@ class Connection:
         self,
         urls: Sequence[str],
         config: ClientConfig,
-        transport_factory: TransportFactory,
+        transport_factory: TransportFactory[AioTransport],
         ssl_context: ssl.SSLContext | None,
     ) -> None:
         self._endpoints = Endpoints(urls)
         self.config = config
         self._loop = asyncio.get_running_loop()
         self.clock: Callable[[], float] = self._loop.time
-        self._transport_factory = transport_factory
-        self._ssl_context = ssl_context
         self._name = f"rabbitflow-aio-{next(self._names)}"
         self._state = LinkState()
+        self._transports = Transports(
+            transport_factory,
+            config,
+            self._name,
+            ssl_context,
+            self._state,
+            blocked=self._on_blocked,
+            unblocked=self._on_unblocked,
+            lost=self._on_lost,
+        )
         self._usable = asyncio.Event()
         self._usable.set()
         self._started = False
@@ -171,7 +163,7 @@ class Connection:
         """
         errors: list[tuple[str, JMSException]] = []
         for url in self._endpoints.one_round():
-            transport, generation = self._new_transport(url)
+            transport, generation = self._transports.new(url)
             try:
                 await transport.connect()
             except JMSException as exc:
@@ -183,66 +175,7 @@ class Connection:
             return
         raise all_failed(errors)
 
-    def _new_transport(self, url: str) -> tuple[AioTransport, int]:
-        generation = self._state.new_transport()
-        transport = self._transport_factory(
-            url,
-            TransportEvents(
-                generation,
-                blocked=self._on_blocked,
-                unblocked=self._on_unblocked,
-                lost=self._on_lost,
-            ),
-            heartbeat=self.config.heartbeat_s,
-            name=self._name,
-            ssl_context=self._ssl_context,
-        )
-        return transport, generation
-
     # ------------------------------------------------------------- public
-    @property
-    def url(self) -> str:
-        """The broker URL in use (or last tried, while recovering)."""
-        return self._endpoints.current
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        """Every broker URL, in the order they are tried."""
-        return self._endpoints.urls
-
-    @property
-    def started(self) -> bool:
-        """True between start() and stop()."""
-        return self._started
-
-    @property
-    def is_blocked(self) -> bool:
-        """True while the broker has blocked the connection (resource alarm)."""
-        return self._producers.blocked is not None
-
-    @property
-    def buffered_count(self) -> int:
-        """Messages buffered for all consumers of this connection."""
-        return self._flow.buffered
-
-    @property
-    def reconnect_count(self) -> int:
-        """How often the connection was recovered."""
-        return self._state.reconnect_count
-
-    def start(self) -> None:
-        """Start (or resume) delivery to consumers."""
-        self._state.check_open()
-        self._started = True
-        self._flow.activate()
-        for consumer in self._flow.consumers():
-            consumer.wake()
-
-    def stop(self) -> None:
-        """Pause delivery to consumers (receive() waits)."""
-        self._state.check_open()
-        self._started = False
-
     def create_session(self, acknowledge_mode: int = AUTO_ACKNOWLEDGE) -> Session:
         """A new session (AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE or DUPS_OK_ACKNOWLEDGE).
 
@@ -271,11 +204,6 @@ class Connection:
             flow=self._flow,
             closed=self._session_closed,
         )
-
-    def set_exception_listener(self, listener: ExceptionListener | None) -> None:
-        """Call ``listener(error)`` when recovery gives up or the broker closes
-        a channel of this connection (on the loop)."""
-        self._listener = listener
 
     async def close(self) -> None:
         """Close sessions (producers wait for their confirms), then the connection.
@@ -322,11 +250,11 @@ class Connection:
     def _recovering_or_lost(self) -> bool:
         return self._state.recovering or self._transport.lost
 
-    async def _open_channel(self, handler: ChannelHandler) -> AioChannel:
-        return await self._transport.open_channel(handler)
-
     def _report(self, error: JMSException) -> None:
         report(self._listener, error)
+
+    async def _open_channel(self, handler: ChannelHandler) -> AioChannel:
+        return await self._transport.open_channel(handler)
 
     def _register_producer(self, producer: ProducerControl[AioChannel]) -> None:
         blocked = self._producers.add(producer)
@@ -380,7 +308,7 @@ class Connection:
     async def _reconnect_once(self) -> None:
         if not self._state.attempt():
             return
-        transport, generation = self._new_transport(self._endpoints.next())
+        transport, generation = self._transports.new(self._endpoints.next())
         try:
             await transport.connect()
             if not self._state.connected(generation):  # closed meanwhile
