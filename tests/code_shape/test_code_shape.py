@@ -52,8 +52,6 @@ FUNCTIONS_ALLOWED: dict[str, tuple[int, str]] = {
         _SPLIT_LATER,
     ),
     "broker_plugin/rabbitflow_broker/routing.py:RoutingTable.route": (61, _SPLIT_LATER),
-    "client/rabbitflow/_transport.py:PikaTransport.connect": (61, _SPLIT_LATER),
-    "client/rabbitflow/aio/_transport.py:AioTransport.connect": (64, _SPLIT_LATER),
     "pipeline/rabbitflow_pipeline/cli.py:_parser": (64, _PARSER),
     "pipeline/rabbitflow_pipeline/generate.py:_block_client_lines": (65, _PIPELINE),
     "pipeline/rabbitflow_pipeline/generate.py:_queue_events": (69, _PIPELINE),
