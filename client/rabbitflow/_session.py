@@ -15,11 +15,9 @@ from ._exceptions import (
     ConnectionLostError,
     IllegalStateError,
     InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
     TransactionRolledBackError,
 )
-from ._message import BytesMessage, TextMessage
 from ._producer import MessageProducer, ProducerContext, open_producer
 from ._producer_core import ProducerControl, check_capacity
 from ._properties import ClientConfig
@@ -33,6 +31,8 @@ from ._session_core import (
     Declarations,
     Declared,
     Deliveries,
+    MessageFactory,
+    check_acknowledge_mode,
 )
 from ._transport_base import ChannelHandler
 from ._transport_channel import TransportChannel
@@ -83,7 +83,7 @@ class SessionContext:
     closed: Callable[[Session], None]  # the session closed
 
 
-class Session:
+class Session(MessageFactory):
     """A unit of work: creates destinations, producers, consumers and messages.
 
     Non-transacted sessions give every producer its own confirm-mode channel
@@ -93,10 +93,7 @@ class Session:
     """
 
     def __init__(self, context: SessionContext, transacted: bool, acknowledge_mode: int) -> None:
-        if acknowledge_mode not in _MODES:
-            raise InvalidPropertyError(
-                "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
-            )
+        check_acknowledge_mode(acknowledge_mode, _MODES)
         self._context = context
         #: The connection that created this session.
         self.connection = context.connection
@@ -194,23 +191,6 @@ class Session:
         self._rpc(lambda: self._ensure_exchange(name))
         self._record(Declared.TOPIC, name)
         return topic
-
-    # ---------------------------------------------------------- messages
-    def create_text_message(self, text: str = "") -> TextMessage:
-        """A text message.
-
-        Raises:
-            MessageFormatError: ``text`` is not a str.
-        """
-        return TextMessage(text)
-
-    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
-        """A bytes message.
-
-        Raises:
-            MessageFormatError: ``data`` is not bytes-like.
-        """
-        return BytesMessage(data)
 
     # ---------------------------------------------------------- producers
     def create_producer(
@@ -527,18 +507,19 @@ class Session:
         """
         with self._lock:
             self._admin_channel = None
-            declared = self._declared.snapshot()
+            declarations = list(
+                self._declared.replay(
+                    queue=self._ensure_queue,
+                    topic=self._ensure_exchange,
+                    subscription=self._subscribe,
+                )
+            )
             producers = list(self._producers.items())
             consumers = list(self._consumers.items())
             if self.transacted:
                 self._tx_broken = True
-        for item in declared:
-            if item.kind is Declared.QUEUE:
-                self._ensure_queue(item.name)
-            elif item.kind is Declared.TOPIC:
-                self._ensure_exchange(item.name)
-            else:
-                self._subscribe(Topic(item.name), item.subscription)
+        for declare in declarations:
+            declare()
         for producer, producer_control in producers:
             producer_control.attach(self._producer_channel(producer))
         for control, consumer in consumers:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._destination import Destination
-from ._exceptions import JMSException, StaleMessageError
-from ._message import Message
+from ._destination import Destination, Topic
+from ._exceptions import InvalidPropertyError, JMSException, StaleMessageError
+from ._message import BytesMessage, Message, TextMessage
 from ._transport_base import Delivery
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "Declarations",
     "Declared",
     "Deliveries",
+    "MessageFactory",
+    "check_acknowledge_mode",
     "check_current",
     "delivered_message",
 ]
@@ -37,6 +39,40 @@ CLIENT_ACKNOWLEDGE = 2
 DUPS_OK_ACKNOWLEDGE = 3
 
 ChannelT = TypeVar("ChannelT")
+R = TypeVar("R")
+
+
+def check_acknowledge_mode(mode: int, allowed: set[int]) -> int:
+    """A session's acknowledge mode, if it is one of ``allowed``.
+
+    Raises:
+        InvalidPropertyError: it is not.
+    """
+    if mode not in allowed:
+        raise InvalidPropertyError(
+            "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {mode!r}"
+        )
+    return mode
+
+
+class MessageFactory:
+    """The messages a session creates (both drivers' sessions)."""
+
+    def create_text_message(self, text: str = "") -> TextMessage:
+        """A text message.
+
+        Raises:
+            MessageFormatError: ``text`` is not a str (also a TypeError).
+        """
+        return TextMessage(text)
+
+    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
+        """A bytes message.
+
+        Raises:
+            MessageFormatError: ``data`` is not bytes-like (also a TypeError).
+        """
+        return BytesMessage(data)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -193,3 +229,20 @@ class Declarations:
     def snapshot(self) -> list[Declaration]:
         """Every declaration, in the order made."""
         return list(self._items)
+
+    def replay(
+        self,
+        *,
+        queue: Callable[[str], R],
+        topic: Callable[[str], R],
+        subscription: Callable[[Topic, str], R],
+    ) -> Iterator[Callable[[], R]]:
+        """The calls that declare everything again, in the order made (the
+        session calls or awaits each in turn)."""
+        for item in self.snapshot():
+            if item.kind is Declared.QUEUE:
+                yield functools.partial(queue, item.name)
+            elif item.kind is Declared.TOPIC:
+                yield functools.partial(topic, item.name)
+            else:
+                yield functools.partial(subscription, Topic(item.name), item.subscription)

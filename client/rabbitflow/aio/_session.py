@@ -13,10 +13,8 @@ from .._exceptions import (
     ConnectionLostError,
     IllegalStateError,
     InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
 )
-from .._message import BytesMessage, TextMessage
 from .._producer_core import ProducerControl, check_capacity
 from .._properties import ClientConfig
 from .._session_core import (
@@ -28,6 +26,8 @@ from .._session_core import (
     Declarations,
     Declared,
     Deliveries,
+    MessageFactory,
+    check_acknowledge_mode,
 )
 from .._transport_base import ChannelHandler
 from ._consumer import ConsumerContext, MessageConsumer, open_consumer
@@ -78,7 +78,7 @@ class SessionContext:
     closed: Callable[[Session], None]  # the session closed
 
 
-class Session:
+class Session(MessageFactory):
     """Creates destinations, producers, consumers and messages on asyncio.
 
     Every producer has its own confirm-mode channel and every consumer its
@@ -86,10 +86,7 @@ class Session:
     """
 
     def __init__(self, context: SessionContext, acknowledge_mode: int) -> None:
-        if acknowledge_mode not in _MODES:
-            raise InvalidPropertyError(
-                "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
-            )
+        check_acknowledge_mode(acknowledge_mode, _MODES)
         self._context = context
         #: The connection that created this session.
         self.connection = context.connection
@@ -160,22 +157,6 @@ class Session:
         await self._rpc(lambda: self._ensure_exchange(name))
         self._record(Declared.TOPIC, name)
         return topic
-
-    def create_text_message(self, text: str = "") -> TextMessage:
-        """A text message.
-
-        Raises:
-            MessageFormatError: ``text`` is not a str (also a TypeError).
-        """
-        return TextMessage(text)
-
-    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
-        """A bytes message.
-
-        Raises:
-            MessageFormatError: ``data`` is not bytes-like (also a TypeError).
-        """
-        return BytesMessage(data)
 
     # ---------------------------------------------------------- producers
     async def create_producer(
@@ -370,13 +351,10 @@ class Session:
     async def _restore(self) -> None:
         """Re-declare what this session declared and re-open its channels."""
         self._admin_channel = None
-        for item in self._declared.snapshot():
-            if item.kind is Declared.QUEUE:
-                await self._ensure_queue(item.name)
-            elif item.kind is Declared.TOPIC:
-                await self._ensure_exchange(item.name)
-            else:
-                await self._subscribe(Topic(item.name), item.subscription)
+        for declare in self._declared.replay(
+            queue=self._ensure_queue, topic=self._ensure_exchange, subscription=self._subscribe
+        ):
+            await declare()
         for producer, producer_control in list(self._producers.items()):
             producer_control.attach(await self._producer_channel(producer))
         for control, consumer in list(self._consumers.items()):
