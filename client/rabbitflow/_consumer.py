@@ -15,10 +15,11 @@ from ._destination import Destination, Queue, Topic
 from ._exceptions import IllegalStateError, JMSException
 from ._log import get_logger
 from ._message import Message
+from ._session_core import ConsumerControl
 from ._transport_base import Delivery
 from ._transport_channel import TransportChannel
 
-__all__ = ["ConsumerContext", "MessageConsumer"]
+__all__ = ["ConsumerContext", "MessageConsumer", "open_consumer"]
 
 _ids = itertools.count(1)
 _log = get_logger()
@@ -34,9 +35,9 @@ class ConsumerContext:
     flow_stats: Callable[[int], ConsumerFlowStats]
     flow_delivered: Callable[[int], None]  # the broker delivered one message
     # the application's message for a buffered delivery of a channel generation
-    to_message: Callable[[MessageConsumer, int, Delivery], Message]
-    processed: Callable[[MessageConsumer, int, Delivery], None]  # handed out
-    closed: Callable[[MessageConsumer, int], None]  # closed, dropping n buffered
+    to_message: Callable[[ConsumerControl[TransportChannel], int, Delivery], Message]
+    processed: Callable[[ConsumerControl[TransportChannel], int, Delivery], None]  # handed out
+    closed: Callable[[ConsumerControl[TransportChannel], int], None]  # closed, dropping n buffered
 
 
 class MessageConsumer:
@@ -70,6 +71,18 @@ class MessageConsumer:
         self._error: JMSException | None = None
         self._pending: tuple[int, Delivery] | None = None  # in the listener
         self._tracer = _otel.find_tracer()  # once: None unless tracing is configured
+        self._control = ConsumerControl(
+            self.id,
+            destination,
+            queue_name=lambda: self._queue,
+            channel=lambda: self._channel,
+            generation=lambda: self._generation,
+            attach=self._attach,
+            resubscribed=self._resubscribed,
+            lost=self._lost,
+            failed=self._fail,
+            wake=self._wake,
+        )
 
     @property
     def destination(self) -> Destination:
@@ -131,14 +144,14 @@ class MessageConsumer:
                     return None
                 self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
         try:
-            message = self._context.to_message(self, generation, delivery)
+            message = self._context.to_message(self._control, generation, delivery)
         except JMSException:
-            self._context.processed(self, generation, delivery)
+            self._context.processed(self._control, generation, delivery)
             raise
         if self._tracer is not None:
             _otel.receive_span(self._tracer, message, self._destination)
         if not listening:
-            self._context.processed(self, generation, delivery)
+            self._context.processed(self._control, generation, delivery)
             return message
         self._pending = (generation, delivery)
         return message
@@ -197,7 +210,7 @@ class MessageConsumer:
                     # Open MQ counts a message as consumed when the listener returns.
                     pending, self._pending = self._pending, None
                     if pending is not None:
-                        self._context.processed(self, *pending)
+                        self._context.processed(self._control, *pending)
         finally:
             with self._cond:
                 self._listener_thread = None
@@ -213,7 +226,7 @@ class MessageConsumer:
             self._buffer.clear()
             self._cond.notify_all()
             thread = self._listener_thread
-        self._context.closed(self, dropped)
+        self._context.closed(self._control, dropped)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=30)
 
@@ -290,3 +303,19 @@ class MessageConsumer:
     def is_queue(self) -> bool:
         """True when consuming a queue."""
         return isinstance(self._destination, Queue)
+
+    def _resubscribed(self, queue: str) -> None:
+        self._queue = queue
+
+
+def open_consumer(
+    context: ConsumerContext,
+    destination: Destination,
+    queue: str,
+    *,
+    subscription: str | None = None,
+) -> tuple[MessageConsumer, ConsumerControl[TransportChannel]]:
+    """A new consumer of ``queue``, and the control its session and connection
+    drive it through."""
+    consumer = MessageConsumer(context, destination, queue, subscription=subscription)
+    return consumer, consumer._control

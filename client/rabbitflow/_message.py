@@ -46,7 +46,9 @@ def flagged_redelivered(props: WireProperties) -> WireProperties:
     """``props`` with the header that makes a receiver see ``redelivered``."""
     headers = dict(props.headers or {})
     headers[REDELIVERED_HEADER] = True
-    return props._replace(headers=headers)
+    # headers is the third field; mypy types a concatenation of the slices
+    # field by field, but not the same slices unpacked into a call.
+    return WireProperties(*(props[:2] + (headers,) + props[3:]))  # noqa: RUF005
 
 
 def new_message_id() -> str:

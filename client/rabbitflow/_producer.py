@@ -18,10 +18,7 @@ from ._exceptions import (
 from ._flow import (
     Gate,
     GateEvent,
-    GateNotice,
     ProducerWindow,
-    SendDelayed,
-    SendFailed,
     SendWait,
 )
 from ._message import (
@@ -29,10 +26,10 @@ from ._message import (
     Message,
 )
 from ._producer_core import (
+    FlowLog,
     Outgoing,
+    ProducerControl,
     ProducerCounters,
-    log_notices,
-    log_wait,
     outgoing,
     stamp,
     target_of,
@@ -43,7 +40,7 @@ from ._properties import ClientConfig
 from ._transport_base import Delivery
 from ._transport_channel import TransportChannel
 
-__all__ = ["MessageProducer", "ProducerContext"]
+__all__ = ["MessageProducer", "ProducerContext", "open_producer"]
 
 _ids = itertools.count(1)
 # A send that finds its pump posted this long ago (s) and not yet run lets
@@ -105,6 +102,7 @@ class MessageProducer(ProducerCounters):
             backoff_initial=config.nack_backoff_initial_ms / 1000,
             backoff_max=config.nack_backoff_max_ms / 1000,
         )
+        self._log = FlowLog(self.id, destination, self._window)
         self._channel: TransportChannel | None = None
         self._pump_scheduled = False
         self._pump_posted_at = 0.0
@@ -262,9 +260,9 @@ class MessageProducer(ProducerCounters):
                 )
             step = wait.poll(now)
             for notice in step.notices:
-                self._log_wait(notice, target)
+                self._log.wait(notice, target)
             if step.failed is not None:
-                self._log_wait(step.failed, target)
+                self._log.wait(step.failed, target)
                 raise timeout_error(step.failed)
             self._wait(self._cond, max(step.wake_at - now, 0.001))
 
@@ -286,12 +284,6 @@ class MessageProducer(ProducerCounters):
         self._pump_posted_at = now  # if the pump is slow, do not wait on every send
         if threading.get_ident() != self._io_thread:  # it cannot wait for itself
             self._wait(self._pumped, _HANDOFF_MAX)
-
-    def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
-        log_wait(notice, self._window.wait_reason(), self._fields(target))
-
-    def _log_notices(self, notices: list[GateNotice]) -> None:
-        log_notices(notices, self._fields())
 
     # ------------------------------------------------- I/O thread (driver)
     def _pump(self) -> None:
@@ -370,7 +362,7 @@ class MessageProducer(ProducerCounters):
                 return
             notices = self._window.handle(event, reason)
             self._cond.notify_all()
-        self._log_notices(notices)
+        self._log.notices(notices)
         if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
             self._context.post(self._pump)
 
@@ -389,7 +381,7 @@ class MessageProducer(ProducerCounters):
             self._cond.notify_all()
         if old is not None:
             old.detach()  # a late confirm of the dead channel must not count
-        self._log_notices(notices)
+        self._log.notices(notices)
 
     def _attach(self, channel: TransportChannel) -> None:
         """Use ``channel`` (fresh, or after a reconnection) and publish what is queued."""
@@ -404,3 +396,12 @@ class MessageProducer(ProducerCounters):
         with self._cond:
             self._error = error
             self._cond.notify_all()
+
+
+def open_producer(
+    context: ProducerContext, destination: Destination | None, capacity: int
+) -> tuple[MessageProducer, ProducerControl[TransportChannel]]:
+    """A new producer, and the control its session and connection drive it through."""
+    producer = MessageProducer(context, destination, capacity)
+    control = ProducerControl(producer._attach, producer._gate, producer._lost, producer._fail)
+    return producer, control

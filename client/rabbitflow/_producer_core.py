@@ -1,6 +1,7 @@
 """What the sync and the asyncio producer share, whatever drives them: the
-checks and headers of a send, the log lines of flow control, and the
-publishes of a window step (re-sent ones flagged as redelivered).
+checks and headers of a send, the log lines of flow control, the
+publishes of a window step (re-sent ones flagged as redelivered), and the
+control a session and a connection drive a producer through.
 
 The state itself is the pure ``ProducerWindow`` of ``_flow``; the drivers
 only wait their own way (a condition, a future) and call these.
@@ -9,7 +10,9 @@ only wait their own way (a condition, a future) and call these.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from ._destination import Destination, Queue, Topic
 from ._exceptions import (
@@ -17,12 +20,14 @@ from ._exceptions import (
     IllegalStateError,
     InvalidDestinationError,
     InvalidPropertyError,
+    JMSException,
 )
 from ._flow import (
     ConnectionBlocked,
     ConnectionUnblocked,
     FlowEnforced,
     FlowRemoved,
+    GateEvent,
     GateNotice,
     ProducerWindow,
     Publish,
@@ -40,8 +45,11 @@ from ._message import (
 )
 
 __all__ = [
+    "FlowLog",
     "Outgoing",
+    "ProducerControl",
     "ProducerCounters",
+    "check_capacity",
     "log_notices",
     "log_wait",
     "outgoing",
@@ -60,6 +68,32 @@ _REMOVED = "Broker enforced flow control is no longer in effect"
 
 #: One publish: exchange, routing key, body, properties.
 Outgoing = tuple[str, str, bytes, WireProperties]
+ChannelT = TypeVar("ChannelT")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ProducerControl(Generic[ChannelT]):
+    """A producer as its session and connection drive it (each driver's
+    producer module builds one with the producer)."""
+
+    attach: Callable[[ChannelT], None]  # publish on this (new) channel what is queued
+    gate: Callable[[GateEvent, str], None]  # connection-wide: blocked (reason), unblocked
+    lost: Callable[[], None]  # the connection was lost: re-send on the next channel
+    failed: Callable[[JMSException], None]  # recovery gave up: sends raise this
+
+
+def check_capacity(capacity: int | None, default: int) -> int:
+    """A producer's window size: ``capacity``, else ``default`` (the
+    ``rabbitflow.producer_capacity`` property).
+
+    Raises:
+        InvalidPropertyError: not a whole number of at least 1.
+    """
+    if capacity is None:
+        capacity = default
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
+    return capacity
 
 
 class ProducerCounters:
@@ -105,13 +139,35 @@ class ProducerCounters:
         """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
         return self._window.gate.state.value
 
-    def _fields(self, target: Destination | None = None) -> dict[str, Any]:
+
+class FlowLog:
+    """A producer's flow control log lines, with its structured fields."""
+
+    __slots__ = ("_destination", "_id", "_window")
+
+    def __init__(
+        self, producer_id: str, destination: Destination | None, window: ProducerWindow[Outgoing]
+    ) -> None:
+        self._id = producer_id
+        self._destination = destination
+        self._window = window
+
+    def fields(self, target: Destination | None = None) -> dict[str, Any]:
+        """The producer, its destination (or the send's ``target``) and capacity."""
         dest = target if target is not None else self._destination
         return {
-            "producer": self.id,
+            "producer": self._id,
             "destination": str(dest) if dest is not None else "",
             "capacity": self._window.capacity,
         }
+
+    def wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
+        """A waiting send's "delayed" warning or its failure."""
+        log_wait(notice, self._window.wait_reason(), self.fields(target))
+
+    def notices(self, notices: list[GateNotice]) -> None:
+        """The gate's changes."""
+        log_notices(notices, self.fields())
 
 
 def target_of(

@@ -18,6 +18,10 @@ unconfirmed for a re-send in order with fresh confirm tags on its next
 channel, each consumer drops what its lost channel buffered.  A RESTORED
 that arrives after such a loss is stale: the link stays DISCONNECTED and the
 next attempt starts.
+
+``LinkState`` holds the machine with what goes with it: which transport is
+current, the error once recovery gave up, how often it recovered; both
+drivers feed it the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._exceptions import IllegalStateError
+from ._exceptions import ConnectionLostError, IllegalStateError, JMSException
 
 __all__ = [
     "LINK_TRANSITIONS",
@@ -33,6 +37,7 @@ __all__ = [
     "Link",
     "LinkEvent",
     "LinkMachine",
+    "LinkState",
     "Step",
 ]
 
@@ -138,3 +143,133 @@ class LinkMachine:
         # running when the loss came may have attached some after it.
         detach = new is Link.DISCONNECTED
         return Step(old, new, detach, start_recovery=old is Link.OPEN and new is Link.DISCONNECTED)
+
+
+class LinkState:
+    """A connection's link and its transports: which one is current (by
+    generation, so that the events of a replaced one are ignored), the error
+    once recovery gave up, how often it recovered.  The driver guards it
+    (the sync SDK under its lock) and does the I/O."""
+
+    def __init__(self) -> None:
+        self._link = LinkMachine()
+        self._generation = 0  # of the newest transport
+        self._current = 0  # of the transport in use
+        self.error: JMSException | None = None  # why recovery gave up
+        self.reconnect_count = 0
+
+    @property
+    def state(self) -> Link:
+        """Where the link is."""
+        return self._link.state
+
+    @property
+    def usable(self) -> bool:
+        """True when the application may use the connection."""
+        return self._link.usable
+
+    @property
+    def closed(self) -> bool:
+        """True once the application closed the connection."""
+        return self._link.closed
+
+    @property
+    def recovering(self) -> bool:
+        """True while recovery runs."""
+        return self._link.recovering
+
+    def new_transport(self) -> int:
+        """The generation of a transport about to be opened."""
+        self._generation += 1
+        return self._generation
+
+    def use(self, generation: int) -> None:
+        """The first transport is open."""
+        self._current = generation
+
+    def is_current(self, generation: int) -> bool:
+        """True for the events of the transport in use."""
+        return generation == self._current
+
+    def lost(self, generation: int) -> Step | None:
+        """A transport died; None when it was already replaced (or a failed attempt's)."""
+        if generation != self._current:
+            return None
+        return self._link.handle(LinkEvent.LOST)
+
+    def attempt(self) -> bool:
+        """A recovery attempt starts; False once closed (no attempt)."""
+        if self._link.closed:
+            return False
+        self._link.handle(LinkEvent.ATTEMPT)
+        return True
+
+    def connected(self, generation: int) -> bool:
+        """The attempt's transport is open and now in use; False when the
+        connection was closed meanwhile (the driver closes that transport)."""
+        if self._link.closed:
+            return False
+        self._current = generation
+        self._link.handle(LinkEvent.CONNECTED)
+        return True
+
+    def restored(self) -> None:
+        """Every session is restored on the new transport.
+
+        Raises:
+            ConnectionLostError: it was lost meanwhile (the attempt failed).
+        """
+        if self._link.handle(LinkEvent.RESTORED).new is not Link.OPEN:
+            raise ConnectionLostError("the connection was lost again while it was restored")
+
+    def attempt_failed(self) -> bool:
+        """The attempt raised; True when every producer and consumer must be
+        put back into "disconnected"."""
+        return self._link.handle(LinkEvent.ATTEMPT_FAILED).detach
+
+    def recovered(self) -> bool:
+        """The retry loop succeeded; False when the connection was closed meanwhile."""
+        if self._link.closed:
+            return False
+        self.reconnect_count += 1
+        return True
+
+    def give_up(self, error: JMSException) -> bool:
+        """Recovery gave up with ``error``; False when already closed."""
+        if self._link.closed:
+            return False
+        self._link.handle(LinkEvent.GIVE_UP)
+        self.error = error
+        return True
+
+    def close(self) -> bool:
+        """The application closes the connection; False when it already was."""
+        if self._link.closed:
+            return False
+        self._link.handle(LinkEvent.CLOSE)
+        return True
+
+    def check_open(self) -> None:
+        """Refuse a closed connection.
+
+        Raises:
+            IllegalStateError: the connection is closed.
+        """
+        if self._link.closed:
+            raise IllegalStateError("connection is closed")
+
+    def check_usable(self) -> bool:
+        """True when open, False while recovering (wait and ask again).
+
+        Raises:
+            IllegalStateError: closed.
+            JMSException: recovery gave up (its error).
+        """
+        state = self._link.state
+        if state is Link.OPEN:
+            return True
+        self.check_open()
+        if state is Link.FAILED:
+            assert self.error is not None
+            raise self.error
+        return False

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from ._consumer import ConsumerContext, MessageConsumer
-from ._consumer_flow import ConsumerFlowStats
+from ._connection_core import ConsumerFlowBook
+from ._consumer import ConsumerContext, MessageConsumer, open_consumer
 from ._destination import Destination, Queue, Topic
 from ._exceptions import (
     ConnectionLostError,
     IllegalStateError,
     InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
     TransactionRolledBackError,
 )
-from ._message import BytesMessage, Message, TextMessage
-from ._producer import MessageProducer, ProducerContext
+from ._producer import MessageProducer, ProducerContext, open_producer
+from ._producer_core import ProducerControl, check_capacity
 from ._properties import ClientConfig
 from ._session_core import (
     AUTO_ACKNOWLEDGE,
@@ -29,15 +27,17 @@ from ._session_core import (
     DUPS_OK_ACKNOWLEDGE,
     SESSION_TRANSACTED,
     AdminHandler,
+    ConsumerControl,
     Declarations,
     Declared,
-    check_current,
-    delivered_message,
+    Deliveries,
+    MessageFactory,
+    check_acknowledge_mode,
 )
-from ._transport_base import ChannelHandler, Delivery
+from ._transport_base import ChannelHandler
 from ._transport_channel import TransportChannel
 
-__all__ = ["ConnectionControl", "Session", "SessionContext"]
+__all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 
 R = TypeVar("R")
 
@@ -77,19 +77,13 @@ class SessionContext:
     call_later: Callable[[float, Callable[[], None]], None]  # on the I/O thread
     report: Callable[[JMSException], None]  # to the exception listener
     started: Callable[[], bool]  # delivery to consumers is on
-    register_producer: Callable[[MessageProducer], None]
-    unregister_producer: Callable[[MessageProducer], None]
-    register_consumer: Callable[[MessageConsumer, bool], None]  # (consumer, app acks)
-    unregister_consumer: Callable[[MessageConsumer], None]
-    reset_consumer_flow: Callable[[MessageConsumer], None]  # fresh accounting
-    flow_stats: Callable[[int], ConsumerFlowStats]
-    flow_delivered: Callable[[int], None]
-    flow_processed: Callable[[int, int], None]  # (consumer id, delivery tag)
-    flow_acknowledged: Callable[[int], None]
+    register_producer: Callable[[ProducerControl[TransportChannel]], None]
+    unregister_producer: Callable[[ProducerControl[TransportChannel]], None]
+    flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
 
 
-class Session:
+class Session(MessageFactory):
     """A unit of work: creates destinations, producers, consumers and messages.
 
     Non-transacted sessions give every producer its own confirm-mode channel
@@ -99,10 +93,7 @@ class Session:
     """
 
     def __init__(self, context: SessionContext, transacted: bool, acknowledge_mode: int) -> None:
-        if acknowledge_mode not in _MODES:
-            raise InvalidPropertyError(
-                "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
-            )
+        check_acknowledge_mode(acknowledge_mode, _MODES)
         self._context = context
         #: The connection that created this session.
         self.connection = context.connection
@@ -110,8 +101,11 @@ class Session:
         self.acknowledge_mode = SESSION_TRANSACTED if self.transacted else acknowledge_mode
         self._lock = threading.RLock()
         self._admin_channel: TransportChannel | None = None
-        self._producers: list[MessageProducer] = []
-        self._consumers: list[MessageConsumer] = []
+        self._producers: dict[MessageProducer, ProducerControl[TransportChannel]] = {}
+        self._consumers: dict[ConsumerControl[TransportChannel], MessageConsumer] = {}
+        self._deliveries = Deliveries(
+            self.acknowledge_mode, self.acknowledge, context.flow.processed
+        )
         self._declared = Declarations()
         self._channels: dict[int, TransportChannel] = {}  # consumer id -> channel
         self._producer_channels: dict[str, TransportChannel] = {}
@@ -198,23 +192,6 @@ class Session:
         self._record(Declared.TOPIC, name)
         return topic
 
-    # ---------------------------------------------------------- messages
-    def create_text_message(self, text: str = "") -> TextMessage:
-        """A text message.
-
-        Raises:
-            MessageFormatError: ``text`` is not a str.
-        """
-        return TextMessage(text)
-
-    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
-        """A bytes message.
-
-        Raises:
-            MessageFormatError: ``data`` is not bytes-like.
-        """
-        return BytesMessage(data)
-
     # ---------------------------------------------------------- producers
     def create_producer(
         self, destination: Destination | None = None, *, capacity: int | None = None
@@ -229,18 +206,15 @@ class Session:
             IllegalStateError: the session is closed.
         """
         self._check_open()
-        if capacity is None:
-            capacity = self._context.config.producer_capacity
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
+        capacity = check_capacity(capacity, self._context.config.producer_capacity)
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        producer = MessageProducer(self._producer_context(), destination, capacity)
+        producer, control = open_producer(self._producer_context(), destination, capacity)
         channel = self._rpc(lambda: self._producer_channel(producer))
-        producer._attach(channel)
+        control.attach(channel)
         with self._lock:
-            self._producers.append(producer)
-        self._context.register_producer(producer)
+            self._producers[producer] = control
+        self._context.register_producer(control)
         return producer
 
     def _producer_context(self) -> ProducerContext:
@@ -263,10 +237,10 @@ class Session:
         return ConsumerContext(
             started=context.started,
             report=context.report,
-            flow_stats=context.flow_stats,
-            flow_delivered=context.flow_delivered,
-            to_message=self._to_message,
-            processed=self._processed,
+            flow_stats=context.flow.stats,
+            flow_delivered=context.flow.delivered,
+            to_message=self._deliveries.to_message,
+            processed=self._deliveries.processed,
             closed=self._consumer_closed,
         )
 
@@ -282,10 +256,10 @@ class Session:
 
     def _producer_closed(self, producer: MessageProducer) -> None:
         with self._lock:
-            if producer in self._producers:
-                self._producers.remove(producer)
+            control = self._producers.pop(producer, None)
             channel = self._producer_channels.pop(producer.id, None)
-        self._context.unregister_producer(producer)
+        if control is not None:
+            self._context.unregister_producer(control)
         if channel is not None and self.transacted:
             channel.close()
 
@@ -306,14 +280,11 @@ class Session:
                 return destination.name
 
             queue = self._rpc(check)
-            consumer = MessageConsumer(self._consumer_context(), destination, queue)
         elif isinstance(destination, Topic):
             queue = self._rpc(lambda: self._subscribe(destination, ""))
-            consumer = MessageConsumer(self._consumer_context(), destination, queue)
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        self._start_consumer(consumer)
-        return consumer
+        return self._start_consumer(*open_consumer(self._consumer_context(), destination, queue))
 
     def create_durable_subscriber(self, topic: Topic, name: str) -> MessageConsumer:
         """A durable subscription ``name`` to ``topic``: the durable queue ``name``
@@ -329,9 +300,9 @@ class Session:
         Queue(name)  # validates the name
         queue = self._rpc(lambda: self._subscribe(topic, name))
         self._record(Declared.SUBSCRIPTION, topic.name, name)
-        consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
-        self._start_consumer(consumer)
-        return consumer
+        return self._start_consumer(
+            *open_consumer(self._consumer_context(), topic, queue, subscription=name)
+        )
 
     def unsubscribe(self, name: str) -> None:
         """Delete the durable subscription ``name`` (its queue).
@@ -354,14 +325,17 @@ class Session:
         admin.queue_bind(queue, topic.exchange, "#")
         return queue
 
-    def _start_consumer(self, consumer: MessageConsumer) -> None:
+    def _start_consumer(
+        self, consumer: MessageConsumer, control: ConsumerControl[TransportChannel]
+    ) -> MessageConsumer:
         channel = self._rpc(lambda: self._consumer_channel(consumer))
-        consumer._attach(channel)
+        control.attach(channel)
         with self._lock:
-            self._consumers.append(consumer)
-        self._context.register_consumer(
-            consumer, self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
+            self._consumers[control] = consumer
+        self._context.flow.register(
+            control, self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
         )
+        return consumer
 
     def _consumer_channel(self, consumer: MessageConsumer) -> TransportChannel:
         channel = self._context.open_channel(consumer)
@@ -371,44 +345,14 @@ class Session:
             self._channels[consumer.id] = channel
         return channel
 
-    def _consumer_closed(self, consumer: MessageConsumer, dropped: int) -> None:
+    def _consumer_closed(self, consumer: ConsumerControl[TransportChannel], dropped: int) -> None:
         with self._lock:
-            if consumer in self._consumers:
-                self._consumers.remove(consumer)
+            self._consumers.pop(consumer, None)
             channel = self._channels.pop(consumer.id, None)
-        self._context.unregister_consumer(consumer)
+        self._context.flow.unregister(consumer.id)
         if channel is not None:
             # Closing the channel returns every unacked message to the queue.
             channel.close()
-
-    def _processed(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> None:
-        """The application is done with ``delivery`` (ack bookkeeping, refills)."""
-        if generation == consumer._generation:
-            self._context.flow_processed(consumer.id, delivery.delivery_tag)
-
-    def _to_message(
-        self, consumer: MessageConsumer, generation: int, delivery: Delivery
-    ) -> Message:
-        """The application's message for a buffered delivery (of the consumer's
-        channel number ``generation``).
-
-        Raises:
-            MessageFormatError: a text body that cannot be decoded.
-        """
-        acknowledger = None
-        if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
-            acknowledger = functools.partial(self._acknowledge_message, consumer, generation)
-        return delivered_message(delivery, consumer.destination, acknowledger)
-
-    def _acknowledge_message(self, consumer: MessageConsumer, generation: int) -> None:
-        """``Message.acknowledge()``: refused for a message whose channel is gone.
-
-        Raises:
-            StaleMessageError: the message came on a channel lost since.
-            IllegalStateError: the session is closed.
-        """
-        check_current(generation, consumer._generation)
-        self.acknowledge()
 
     # ---------------------------------------------------- acknowledgement
     def acknowledge(self) -> None:
@@ -423,7 +367,7 @@ class Session:
         with self._lock:
             consumers = list(self._consumers)
         for consumer in consumers:
-            self._context.flow_acknowledged(consumer.id)
+            self._context.flow.acknowledged(consumer.id)
 
     def recover(self) -> None:
         """Redeliver every unacknowledged message of this session.
@@ -459,7 +403,7 @@ class Session:
                 "the connection was lost during the transaction; it was rolled back"
             )
         for consumer in consumers:
-            self._context.flow_acknowledged(consumer.id)
+            self._context.flow.acknowledged(consumer.id)
         try:
             for channel in self._tx_channels():
                 channel.tx_commit()
@@ -488,11 +432,17 @@ class Session:
 
     def _restart_consumers(self, *, rollback: bool) -> None:
         with self._lock:
-            consumers = list(self._consumers)
-        for consumer in consumers:
-            self._restart_consumer(consumer, rollback=rollback)
+            consumers = list(self._consumers.items())
+        for control, consumer in consumers:
+            self._restart_consumer(consumer, control, rollback=rollback)
 
-    def _restart_consumer(self, consumer: MessageConsumer, *, rollback: bool) -> None:
+    def _restart_consumer(
+        self,
+        consumer: MessageConsumer,
+        control: ConsumerControl[TransportChannel],
+        *,
+        rollback: bool,
+    ) -> None:
         """Redeliver the consumer's unacked messages: new channel, fresh accounting.
 
         Closing the old channel requeues everything it had unacked, and no
@@ -507,8 +457,8 @@ class Session:
                     old.tx_rollback()
             old.close()
         channel = self._rpc(lambda: self._consumer_channel(consumer))
-        consumer._attach(channel)
-        self._context.reset_consumer_flow(consumer)
+        control.attach(channel)
+        self._context.flow.reset(control.id)
 
     # ------------------------------------------------------------- close
     def close(self) -> None:
@@ -523,7 +473,7 @@ class Session:
             return
         with self._lock:
             producers = list(self._producers)
-            consumers = list(self._consumers)
+            consumers = list(self._consumers.values())
         errors: list[JMSException] = []
         for producer in producers:
             try:
@@ -557,22 +507,33 @@ class Session:
         """
         with self._lock:
             self._admin_channel = None
-            declared = self._declared.snapshot()
-            producers = list(self._producers)
-            consumers = list(self._consumers)
+            declarations = list(
+                self._declared.replay(
+                    queue=self._ensure_queue,
+                    topic=self._ensure_exchange,
+                    subscription=self._subscribe,
+                )
+            )
+            producers = list(self._producers.items())
+            consumers = list(self._consumers.items())
             if self.transacted:
                 self._tx_broken = True
-        for item in declared:
-            if item.kind is Declared.QUEUE:
-                self._ensure_queue(item.name)
-            elif item.kind is Declared.TOPIC:
-                self._ensure_exchange(item.name)
-            else:
-                self._subscribe(Topic(item.name), item.subscription)
-        for producer in producers:
-            producer._attach(self._producer_channel(producer))
-        for consumer in consumers:
+        for declare in declarations:
+            declare()
+        for producer, producer_control in producers:
+            producer_control.attach(self._producer_channel(producer))
+        for control, consumer in consumers:
             if consumer.is_topic and consumer.subscription is None:
-                consumer._queue = self._subscribe(Topic(consumer.destination.name), "")
-            consumer._attach(self._consumer_channel(consumer))
-            self._context.reset_consumer_flow(consumer)
+                control.resubscribed(self._subscribe(Topic(consumer.destination.name), ""))
+            control.attach(self._consumer_channel(consumer))
+            self._context.flow.reset(control.id)
+
+
+def open_session(
+    context: SessionContext, transacted: bool, acknowledge_mode: int
+) -> tuple[Session, Callable[[], None]]:
+    """A new session, and how its connection restores it on a new transport
+    (re-declare what it declared, re-open its channels; raises JMSException
+    when that transport fails too)."""
+    session = Session(context, transacted, acknowledge_mode)
+    return session, session._restore

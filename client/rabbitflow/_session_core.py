@@ -1,17 +1,19 @@
 """What the sync and the asyncio session share, whatever drives them: the
 acknowledge modes, what a session declared (to declare again on recovery),
-the handler of the admin channel, and the application's message for a
-delivery."""
+the handler of the admin channel, the control a session drives a consumer
+through, and how a consumer's deliveries become the application's messages."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
-from ._destination import Destination
-from ._exceptions import JMSException, StaleMessageError
-from ._message import Message
+from ._destination import Destination, Topic
+from ._exceptions import InvalidPropertyError, JMSException, StaleMessageError
+from ._message import BytesMessage, Message, TextMessage
 from ._transport_base import Delivery
 
 __all__ = [
@@ -20,9 +22,13 @@ __all__ = [
     "DUPS_OK_ACKNOWLEDGE",
     "SESSION_TRANSACTED",
     "AdminHandler",
+    "ConsumerControl",
     "Declaration",
     "Declarations",
     "Declared",
+    "Deliveries",
+    "MessageFactory",
+    "check_acknowledge_mode",
     "check_current",
     "delivered_message",
 ]
@@ -31,6 +37,59 @@ SESSION_TRANSACTED = 0
 AUTO_ACKNOWLEDGE = 1
 CLIENT_ACKNOWLEDGE = 2
 DUPS_OK_ACKNOWLEDGE = 3
+
+ChannelT = TypeVar("ChannelT")
+R = TypeVar("R")
+
+
+def check_acknowledge_mode(mode: int, allowed: set[int]) -> int:
+    """A session's acknowledge mode, if it is one of ``allowed``.
+
+    Raises:
+        InvalidPropertyError: it is not.
+    """
+    if mode not in allowed:
+        raise InvalidPropertyError(
+            "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {mode!r}"
+        )
+    return mode
+
+
+class MessageFactory:
+    """The messages a session creates (both drivers' sessions)."""
+
+    def create_text_message(self, text: str = "") -> TextMessage:
+        """A text message.
+
+        Raises:
+            MessageFormatError: ``text`` is not a str (also a TypeError).
+        """
+        return TextMessage(text)
+
+    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
+        """A bytes message.
+
+        Raises:
+            MessageFormatError: ``data`` is not bytes-like (also a TypeError).
+        """
+        return BytesMessage(data)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class ConsumerControl(Generic[ChannelT]):
+    """A consumer as its session and connection drive it (each driver's
+    consumer module builds one with the consumer)."""
+
+    id: int
+    destination: Destination
+    queue_name: Callable[[], str]  # the AMQP queue consumed
+    channel: Callable[[], ChannelT | None]  # the channel it consumes on (None: lost)
+    generation: Callable[[], int]  # of that channel: older deliveries are stale
+    attach: Callable[[ChannelT], None]  # consume on this (new) channel
+    resubscribed: Callable[[str], None]  # a topic's new private queue (recovery)
+    lost: Callable[[], None]  # the connection was lost: drop what its channel buffered
+    failed: Callable[[JMSException], None]  # recovery gave up: receives raise this
+    wake: Callable[[], None]  # the connection started: waiting receives look again
 
 
 class AdminHandler:
@@ -50,6 +109,55 @@ class AdminHandler:
 
     def on_channel_closed(self, error: JMSException) -> None:
         """A failed declaration closes it; the session opens another when needed."""
+
+
+class Deliveries:
+    """How a session hands its consumers' deliveries to the application: the
+    message (with its acknowledger in CLIENT_ACKNOWLEDGE mode), and the flow
+    accounting once one is processed, ignoring those of a channel lost since."""
+
+    __slots__ = ("_acknowledge", "_client_acks", "_processed")
+
+    def __init__(
+        self,
+        acknowledge_mode: int,
+        acknowledge: Callable[[], None],
+        processed: Callable[[int, int], None],
+    ) -> None:
+        self._client_acks = acknowledge_mode == CLIENT_ACKNOWLEDGE
+        self._acknowledge = acknowledge  # the session's acknowledge()
+        self._processed = processed  # (consumer id, delivery tag) to the flow accounting
+
+    def to_message(
+        self, consumer: ConsumerControl[Any], generation: int, delivery: Delivery
+    ) -> Message:
+        """The application's message for a buffered delivery (of the consumer's
+        channel number ``generation``).
+
+        Raises:
+            MessageFormatError: a text body that cannot be decoded.
+        """
+        acknowledger = None
+        if self._client_acks:
+            acknowledger = functools.partial(self._acknowledge_message, consumer, generation)
+        return delivered_message(delivery, consumer.destination, acknowledger)
+
+    def processed(
+        self, consumer: ConsumerControl[Any], generation: int, delivery: Delivery
+    ) -> None:
+        """The application is done with ``delivery`` (ack bookkeeping, refills)."""
+        if generation == consumer.generation():
+            self._processed(consumer.id, delivery.delivery_tag)
+
+    def _acknowledge_message(self, consumer: ConsumerControl[Any], generation: int) -> None:
+        """``Message.acknowledge()``: refused for a message whose channel is gone.
+
+        Raises:
+            StaleMessageError: the message came on a channel lost since.
+            IllegalStateError: the session is closed.
+        """
+        check_current(generation, consumer.generation())
+        self._acknowledge()
 
 
 def delivered_message(
@@ -121,3 +229,20 @@ class Declarations:
     def snapshot(self) -> list[Declaration]:
         """Every declaration, in the order made."""
         return list(self._items)
+
+    def replay(
+        self,
+        *,
+        queue: Callable[[str], R],
+        topic: Callable[[str], R],
+        subscription: Callable[[Topic, str], R],
+    ) -> Iterator[Callable[[], R]]:
+        """The calls that declare everything again, in the order made (the
+        session calls or awaits each in turn)."""
+        for item in self.snapshot():
+            if item.kind is Declared.QUEUE:
+                yield functools.partial(queue, item.name)
+            elif item.kind is Declared.TOPIC:
+                yield functools.partial(topic, item.name)
+            else:
+                yield functools.partial(subscription, Topic(item.name), item.subscription)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import ssl
 import threading
 from collections.abc import Callable
@@ -34,8 +35,12 @@ from ._transport_base import (
     ChannelHandler,
     Delivery,
     TransportListener,
+    connect_timed_out,
     connection_parameters,
+    listen_blocked,
+    lost_error,
     note_direct_rabbitmq,
+    open_failed,
     translate_error,
 )
 from ._transport_channel import TransportChannel
@@ -103,45 +108,13 @@ class PikaTransport:
             ConnectionLostError: the broker cannot be reached.
         """
         opened: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def on_open(conn: Any) -> None:
-            self.writes_coalesced = coalesce_writes(conn)
-            self._opened = True
-            params = self._params
-            note_direct_rabbitmq(getattr(conn, "server_properties", None), params.host, params.port)
-            opened.set_result(None)
-
-        def on_open_error(_conn: Any, error: BaseException | str) -> None:
-            exc = error if isinstance(error, BaseException) else ConnectionLostError(str(error))
-            if not opened.done():
-                opened.set_exception(translate_error(exc))
-            self._connection.ioloop.stop()
-
-        def on_closed(_conn: Any, reason: BaseException) -> None:
-            was_closing = self.closing
-            if opened.done() and not was_closing and not self.lost:
-                self.lost = True
-                error = translate_error(reason)
-                lost = (
-                    error
-                    if isinstance(error, ConnectionLostError)
-                    else ConnectionLostError(str(error))
-                )
-                self._listener.on_lost(lost)
-            self._connection.ioloop.stop()
-
         connection = pika.SelectConnection(
             self._params,
-            on_open_callback=on_open,
-            on_open_error_callback=on_open_error,
-            on_close_callback=on_closed,
+            on_open_callback=functools.partial(self._on_open, opened),
+            on_open_error_callback=functools.partial(self._on_open_error, opened),
+            on_close_callback=functools.partial(self._on_closed, opened),
         )
-        connection.add_on_connection_blocked_callback(
-            lambda _conn, frame: self._listener.on_blocked(str(frame.method.reason))
-        )
-        connection.add_on_connection_unblocked_callback(
-            lambda _conn, _frame: self._listener.on_unblocked()
-        )
+        listen_blocked(connection, self._listener)
         self._connection = connection
         self._thread = threading.Thread(target=self._run, name=f"{self._name}-io", daemon=True)
         self._thread.start()
@@ -150,12 +123,33 @@ class PikaTransport:
         except concurrent.futures.TimeoutError:
             self.lost = True
             self.post(self._connection.close)
-            raise ConnectionLostError(
-                f"timed out connecting to {self._params.host}:{self._params.port}"
-            ) from None
+            raise connect_timed_out(self._params) from None
         except JMSException:
             self.lost = True
             raise
+
+    # pika's connection callbacks (I/O thread); ``opened`` is connect()'s.
+    def _on_open(self, opened: concurrent.futures.Future[None], conn: Any) -> None:
+        self.writes_coalesced = coalesce_writes(conn)
+        self._opened = True
+        params = self._params
+        note_direct_rabbitmq(getattr(conn, "server_properties", None), params.host, params.port)
+        opened.set_result(None)
+
+    def _on_open_error(
+        self, opened: concurrent.futures.Future[None], _conn: Any, error: BaseException | str
+    ) -> None:
+        if not opened.done():
+            opened.set_exception(open_failed(error))
+        self._connection.ioloop.stop()
+
+    def _on_closed(
+        self, opened: concurrent.futures.Future[None], _conn: Any, reason: BaseException
+    ) -> None:
+        if opened.done() and not self.closing and not self.lost:
+            self.lost = True
+            self._listener.on_lost(lost_error(reason))
+        self._connection.ioloop.stop()
 
     def _run(self) -> None:
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 import threading
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import pika
 import pika.exceptions
@@ -33,9 +33,13 @@ __all__ = [
     "ChannelHandler",
     "Delivery",
     "TransportListener",
+    "connect_timed_out",
     "connection_parameters",
     "from_pika",
+    "listen_blocked",
+    "lost_error",
     "note_direct_rabbitmq",
+    "open_failed",
     "to_pika",
     "translate_error",
 ]
@@ -170,6 +174,32 @@ def translate_error(exc: BaseException) -> JMSException:
     if isinstance(exc, OSError):
         return ConnectionLostError(f"connection lost: {exc!r}")
     return JMSException(f"unexpected transport error: {exc!r}")
+
+
+def open_failed(error: BaseException | str) -> JMSException:
+    """Why a connection could not be opened (pika's open-error callback argument)."""
+    return translate_error(
+        error if isinstance(error, BaseException) else ConnectionLostError(str(error))
+    )
+
+
+def lost_error(reason: BaseException) -> ConnectionLostError:
+    """What a lost connection reports (pika's close reason, translated)."""
+    error = translate_error(reason)
+    return error if isinstance(error, ConnectionLostError) else ConnectionLostError(str(error))
+
+
+def connect_timed_out(params: pika.ConnectionParameters) -> ConnectionLostError:
+    """The error of a connection not open in time."""
+    return ConnectionLostError(f"timed out connecting to {params.host}:{params.port}")
+
+
+def listen_blocked(connection: Any, listener: TransportListener) -> None:
+    """Pass a pika connection's connection.blocked / unblocked to ``listener``."""
+    connection.add_on_connection_blocked_callback(
+        lambda _conn, frame: listener.on_blocked(str(frame.method.reason))
+    )
+    connection.add_on_connection_unblocked_callback(lambda _conn, _frame: listener.on_unblocked())
 
 
 def to_pika(props: WireProperties) -> pika.BasicProperties:

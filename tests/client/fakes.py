@@ -71,6 +71,7 @@ class FakeBroker:
     # lose the connection at its k-th channel open, or at its first publish.
     lose_at_channel_open: dict[int, int] = field(default_factory=dict)
     lose_at_first_publish: set[int] = field(default_factory=set)
+    refusing: bool = False  # every later connect is refused
 
 
 class FakeChannel:
@@ -311,6 +312,8 @@ def make_harness(
         transport = FakeTransport(broker, url, listener, **kw)
         if down is not None and url in down:
             transport.fail_connect = rabbitflow.ConnectionLostError(f"fake {url} is down")
+        if broker.refusing:
+            transport.fail_connect = rabbitflow.ConnectionLostError("refused")
         broker.transports.append(transport)
         return transport
 

@@ -170,12 +170,13 @@ def test_closed_connection_refuses_new_sessions() -> None:
 
 
 def test_message_processed_after_its_consumer_closed_is_ignored() -> None:
-    _, connection, session, consumer, channel = setup()
+    _, connection, _, consumer, channel = setup()
     connection.start()
     channel.emit_deliver(1, b"x")
     generation, delivery = consumer._buffer[0]
     consumer.close()
-    session._processed(consumer, generation, delivery)  # e.g. a listener returning late
+    # e.g. a listener returning late
+    consumer._context.processed(consumer._control, generation, delivery)
     assert consumer.flow_stats().delivered == 0
 
 

@@ -2,7 +2,14 @@
 
 import pytest
 
-from rabbitflow._recovery import IllegalLinkTransitionError, Link, LinkEvent, LinkMachine
+from rabbitflow._exceptions import ConnectionLostError, IllegalStateError
+from rabbitflow._recovery import (
+    IllegalLinkTransitionError,
+    Link,
+    LinkEvent,
+    LinkMachine,
+    LinkState,
+)
 
 
 def machine(*events: LinkEvent) -> LinkMachine:
@@ -57,3 +64,50 @@ def test_close_wins_from_every_state() -> None:
 def test_an_illegal_event_names_state_and_event() -> None:
     with pytest.raises(IllegalLinkTransitionError, match=r"RESTORED .* state OPEN"):
         LinkMachine().handle(LinkEvent.RESTORED)
+
+
+def test_the_link_state_ignores_the_loss_of_a_transport_it_replaced() -> None:
+    state = LinkState()
+    first = state.new_transport()
+    state.use(first)
+    assert state.lost(first) is not None
+    assert state.attempt()
+    second = state.new_transport()
+    assert state.connected(second)
+    assert state.lost(first) is None
+    assert state.is_current(second)
+
+
+def test_a_restore_after_a_loss_fails_the_attempt() -> None:
+    state = LinkState()
+    state.use(state.new_transport())
+    state.lost(1)
+    state.attempt()
+    generation = state.new_transport()
+    state.connected(generation)
+    state.lost(generation)
+    with pytest.raises(ConnectionLostError, match="lost again while it was restored"):
+        state.restored()
+
+
+def test_once_recovery_gave_up_waiting_for_the_link_raises_its_error() -> None:
+    state = LinkState()
+    state.use(state.new_transport())
+    state.lost(1)
+    error = ConnectionLostError("recovery gave up")
+    assert state.give_up(error)
+    with pytest.raises(ConnectionLostError) as raised:
+        state.check_usable()
+    assert raised.value is error
+
+
+def test_a_closed_link_neither_attempts_nor_counts_a_recovery() -> None:
+    state = LinkState()
+    state.use(state.new_transport())
+    state.lost(1)
+    assert state.close()
+    assert not state.close()
+    assert not state.attempt()
+    assert not state.recovered()
+    with pytest.raises(IllegalStateError, match="closed"):
+        state.check_usable()

@@ -56,14 +56,7 @@ def test_gives_up_after_the_configured_attempts_and_tells_the_listener() -> None
     producer = session.create_producer(session.create_queue("orders"))
     errors: list[rabbitflow.JMSException] = []
     connection.set_exception_listener(errors.append)
-    failing = harness.factory._transport_factory
-
-    def refuse(*args: object, **kwargs: object) -> object:
-        transport = failing(*args, **kwargs)  # type: ignore[arg-type]
-        transport.fail_connect = rabbitflow.ConnectionLostError("refused")  # type: ignore[attr-defined]
-        return transport
-
-    connection._transport_factory = refuse  # type: ignore[assignment]
+    harness.broker.refusing = True
     harness.transport.emit_lost()
     wait_for(lambda: bool(errors), "the exception listener")
     assert isinstance(errors[0], rabbitflow.ConnectionLostError)

@@ -32,6 +32,23 @@ def test_declarations_keep_their_order_once_each_and_forget_a_deleted_subscripti
     assert [d.kind for d in declared.snapshot()] == [Declared.QUEUE, Declared.TOPIC]
 
 
+def test_replaying_declarations_calls_each_kind_in_the_order_made() -> None:
+    declared = Declarations()
+    declared.record(Declared.TOPIC, "prices")
+    declared.record(Declared.SUBSCRIPTION, "prices", "audit")
+    declared.record(Declared.QUEUE, "orders")
+    calls = declared.replay(
+        queue=lambda name: ("queue", name),
+        topic=lambda name: ("topic", name),
+        subscription=lambda topic, name: ("subscription", topic.name, name),
+    )
+    assert [call() for call in calls] == [
+        ("topic", "prices"),
+        ("subscription", "prices", "audit"),
+        ("queue", "orders"),
+    ]
+
+
 def test_a_delivered_message_acknowledges_through_the_given_acknowledger() -> None:
     acks: list[str] = []
     delivery = Delivery(7, True, "", "orders", b"hi", WireProperties(content_type="text/plain"))

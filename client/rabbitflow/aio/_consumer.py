@@ -14,13 +14,14 @@ from .._consumer_flow import ConsumerFlowStats
 from .._destination import Destination, Topic
 from .._exceptions import IllegalStateError, JMSException
 from .._message import Message
+from .._session_core import ConsumerControl
 from .._transport_base import Delivery
 from ._transport import settle
 
 if TYPE_CHECKING:
     from ._transport import AioChannel
 
-__all__ = ["ConsumerContext", "MessageConsumer"]
+__all__ = ["ConsumerContext", "MessageConsumer", "open_consumer"]
 
 _ids = itertools.count(1_000_000)  # apart from the sync consumers' ids
 
@@ -33,9 +34,9 @@ class ConsumerContext:
     report: Callable[[JMSException], None]
     flow_stats: Callable[[int], ConsumerFlowStats]
     flow_delivered: Callable[[int], None]  # the broker delivered one message
-    to_message: Callable[[MessageConsumer, int, Delivery], Message]
-    processed: Callable[[MessageConsumer, int, Delivery], None]  # handed out
-    closed: Callable[[MessageConsumer], Awaitable[None]]  # the consumer closed
+    to_message: Callable[[ConsumerControl[AioChannel], int, Delivery], Message]
+    processed: Callable[[ConsumerControl[AioChannel], int, Delivery], None]  # handed out
+    closed: Callable[[ConsumerControl[AioChannel]], Awaitable[None]]  # the consumer closed
 
 
 class MessageConsumer:
@@ -68,6 +69,18 @@ class MessageConsumer:
         self._closed = False
         self._error: JMSException | None = None
         self._tracer = _otel.find_tracer()  # once: None unless tracing is configured
+        self._control = ConsumerControl(
+            self.id,
+            destination,
+            queue_name=lambda: self._queue,
+            channel=lambda: self._channel,
+            generation=lambda: self._generation,
+            attach=self._attach,
+            resubscribed=self._resubscribed,
+            lost=self._lost,
+            failed=self._fail,
+            wake=self._wake,
+        )
 
     @property
     def destination(self) -> Destination:
@@ -123,9 +136,9 @@ class MessageConsumer:
             if self._is_closed():
                 return None
         try:
-            message = self._context.to_message(self, generation, delivery)
+            message = self._context.to_message(self._control, generation, delivery)
         finally:
-            self._context.processed(self, generation, delivery)
+            self._context.processed(self._control, generation, delivery)
         if self._tracer is not None:
             _otel.receive_span(self._tracer, message, self._destination)
         return message
@@ -144,9 +157,9 @@ class MessageConsumer:
             return None
         generation, delivery = self._buffer.popleft()
         try:
-            message = self._context.to_message(self, generation, delivery)
+            message = self._context.to_message(self._control, generation, delivery)
         finally:
-            self._context.processed(self, generation, delivery)
+            self._context.processed(self._control, generation, delivery)
         if self._tracer is not None:
             _otel.receive_span(self._tracer, message, self._destination)
         return message
@@ -172,7 +185,7 @@ class MessageConsumer:
         self._closed = True
         self._buffer.clear()
         self._wake()
-        await self._context.closed(self)
+        await self._context.closed(self._control)
 
     async def __aenter__(self) -> MessageConsumer:
         return self
@@ -229,3 +242,19 @@ class MessageConsumer:
     def _fail(self, error: JMSException) -> None:
         self._error = error
         self._wake()
+
+    def _resubscribed(self, queue: str) -> None:
+        self._queue = queue
+
+
+def open_consumer(
+    context: ConsumerContext,
+    destination: Destination,
+    queue: str,
+    *,
+    subscription: str | None = None,
+) -> tuple[MessageConsumer, ConsumerControl[AioChannel]]:
+    """A new consumer of ``queue``, and the control its session and connection
+    drive it through."""
+    consumer = MessageConsumer(context, destination, queue, subscription=subscription)
+    return consumer, consumer._control

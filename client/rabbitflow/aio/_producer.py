@@ -18,10 +18,7 @@ from .._exceptions import (
 from .._flow import (
     Gate,
     GateEvent,
-    GateNotice,
     ProducerWindow,
-    SendDelayed,
-    SendFailed,
     SendWait,
 )
 from .._message import (
@@ -29,10 +26,10 @@ from .._message import (
     Message,
 )
 from .._producer_core import (
+    FlowLog,
     Outgoing,
+    ProducerControl,
     ProducerCounters,
-    log_notices,
-    log_wait,
     outgoing,
     stamp,
     target_of,
@@ -46,7 +43,7 @@ from ._transport import settle
 if TYPE_CHECKING:
     from ._transport import AioChannel
 
-__all__ = ["MessageProducer", "ProducerContext"]
+__all__ = ["MessageProducer", "ProducerContext", "open_producer"]
 
 _ids = itertools.count(1)
 # Bounded work per loop turn, so that other tasks (and the loop's I/O) get
@@ -101,6 +98,7 @@ class MessageProducer(ProducerCounters):
             backoff_initial=config.nack_backoff_initial_ms / 1000,
             backoff_max=config.nack_backoff_max_ms / 1000,
         )
+        self._log = FlowLog(self.id, destination, self._window)
         self._channel: AioChannel | None = None
         # In arrival order: woken oldest first, so no waiting task is starved.
         self._waiters: dict[asyncio.Future[None], None] = {}
@@ -266,9 +264,9 @@ class MessageProducer(ProducerCounters):
             if step.notices or step.failed is not None:
                 await self._log_turn()
             for notice in step.notices:
-                self._log_wait(notice, target)
+                self._log.wait(notice, target)
             if step.failed is not None:
-                self._log_wait(step.failed, target)
+                self._log.wait(step.failed, target)
                 _tracing.waited(span, self._clock() - start)
                 raise timeout_error(step.failed)
             await self._changed(max(step.wake_at - now, 0.001))
@@ -283,12 +281,6 @@ class MessageProducer(ProducerCounters):
 
     def _new_log_turn(self) -> None:
         self._turn_logs = 0
-
-    def _log_wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
-        log_wait(notice, self._window.wait_reason(), self._fields(target))
-
-    def _log_notices(self, notices: list[GateNotice]) -> None:
-        log_notices(notices, self._fields())
 
     # -------------------------------------------------------------- driver
     def _pump(self) -> None:
@@ -357,7 +349,7 @@ class MessageProducer(ProducerCounters):
             return
         notices = self._window.handle(event, reason)
         self._notify()
-        self._log_notices(notices)
+        self._log.notices(notices)
         if event in (GateEvent.FLOW_ON, GateEvent.UNBLOCKED, GateEvent.RECONNECTED):
             self._pump()
 
@@ -374,7 +366,7 @@ class MessageProducer(ProducerCounters):
         self._notify()
         if old is not None:
             old.detach()
-        self._log_notices(notices)
+        self._log.notices(notices)
 
     def _attach(self, channel: AioChannel) -> None:
         self._channel = channel
@@ -384,3 +376,12 @@ class MessageProducer(ProducerCounters):
     def _fail(self, error: JMSException) -> None:
         self._error = error
         self._notify()
+
+
+def open_producer(
+    context: ProducerContext, destination: Destination | None, capacity: int
+) -> tuple[MessageProducer, ProducerControl[AioChannel]]:
+    """A new producer, and the control its session and connection drive it through."""
+    producer = MessageProducer(context, destination, capacity)
+    control = ProducerControl(producer._attach, producer._gate, producer._lost, producer._fail)
+    return producer, control

@@ -7,35 +7,36 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from .._consumer_flow import ConsumerFlowStats
+from .._connection_core import ConsumerFlowBook
 from .._destination import Destination, Queue, Topic
 from .._exceptions import (
     ConnectionLostError,
     IllegalStateError,
     InvalidDestinationError,
-    InvalidPropertyError,
     JMSException,
 )
-from .._message import BytesMessage, Message, TextMessage
+from .._producer_core import ProducerControl, check_capacity
 from .._properties import ClientConfig
 from .._session_core import (
     AUTO_ACKNOWLEDGE,
     CLIENT_ACKNOWLEDGE,
     DUPS_OK_ACKNOWLEDGE,
     AdminHandler,
+    ConsumerControl,
     Declarations,
     Declared,
-    check_current,
-    delivered_message,
+    Deliveries,
+    MessageFactory,
+    check_acknowledge_mode,
 )
-from .._transport_base import ChannelHandler, Delivery
-from ._consumer import ConsumerContext, MessageConsumer
-from ._producer import MessageProducer, ProducerContext
+from .._transport_base import ChannelHandler
+from ._consumer import ConsumerContext, MessageConsumer, open_consumer
+from ._producer import MessageProducer, ProducerContext, open_producer
 
 if TYPE_CHECKING:
     from ._transport import AioChannel
 
-__all__ = ["ConnectionControl", "Session", "SessionContext"]
+__all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 
 R = TypeVar("R")
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE}
@@ -71,19 +72,13 @@ class SessionContext:
     open_channel: Callable[[ChannelHandler], Awaitable[AioChannel]]
     report: Callable[[JMSException], None]  # to the exception listener
     started: Callable[[], bool]  # delivery to consumers is on
-    register_producer: Callable[[MessageProducer], None]
-    unregister_producer: Callable[[MessageProducer], None]
-    register_consumer: Callable[[MessageConsumer, bool], None]  # (consumer, app acks)
-    unregister_consumer: Callable[[MessageConsumer], None]
-    reset_consumer_flow: Callable[[MessageConsumer], None]  # fresh accounting
-    flow_stats: Callable[[int], ConsumerFlowStats]
-    flow_delivered: Callable[[int], None]
-    flow_processed: Callable[[int, int], None]  # (consumer id, delivery tag)
-    flow_acknowledged: Callable[[int], None]
+    register_producer: Callable[[ProducerControl[AioChannel]], None]
+    unregister_producer: Callable[[ProducerControl[AioChannel]], None]
+    flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
 
 
-class Session:
+class Session(MessageFactory):
     """Creates destinations, producers, consumers and messages on asyncio.
 
     Every producer has its own confirm-mode channel and every consumer its
@@ -91,18 +86,16 @@ class Session:
     """
 
     def __init__(self, context: SessionContext, acknowledge_mode: int) -> None:
-        if acknowledge_mode not in _MODES:
-            raise InvalidPropertyError(
-                "acknowledge_mode", f"must be one of AUTO/CLIENT/DUPS_OK, got {acknowledge_mode!r}"
-            )
+        check_acknowledge_mode(acknowledge_mode, _MODES)
         self._context = context
         #: The connection that created this session.
         self.connection = context.connection
         self.acknowledge_mode = acknowledge_mode
         self.transacted = False
         self._admin_channel: AioChannel | None = None
-        self._producers: list[MessageProducer] = []
-        self._consumers: list[MessageConsumer] = []
+        self._producers: dict[MessageProducer, ProducerControl[AioChannel]] = {}
+        self._consumers: dict[ConsumerControl[AioChannel], MessageConsumer] = {}
+        self._deliveries = Deliveries(acknowledge_mode, self.acknowledge, context.flow.processed)
         self._declared = Declarations()
         self._closed = False
 
@@ -165,22 +158,6 @@ class Session:
         self._record(Declared.TOPIC, name)
         return topic
 
-    def create_text_message(self, text: str = "") -> TextMessage:
-        """A text message.
-
-        Raises:
-            MessageFormatError: ``text`` is not a str (also a TypeError).
-        """
-        return TextMessage(text)
-
-    def create_bytes_message(self, data: bytes = b"") -> BytesMessage:
-        """A bytes message.
-
-        Raises:
-            MessageFormatError: ``data`` is not bytes-like (also a TypeError).
-        """
-        return BytesMessage(data)
-
     # ---------------------------------------------------------- producers
     async def create_producer(
         self, destination: Destination | None = None, *, capacity: int | None = None
@@ -193,17 +170,14 @@ class Session:
             IllegalStateError: the session is closed.
         """
         self._check_open()
-        if capacity is None:
-            capacity = self._context.config.producer_capacity
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise InvalidPropertyError("capacity", f"must be a whole number >= 1, got {capacity!r}")
+        capacity = check_capacity(capacity, self._context.config.producer_capacity)
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        producer = MessageProducer(self._producer_context(), destination, capacity)
+        producer, control = open_producer(self._producer_context(), destination, capacity)
         channel = await self._rpc(lambda: self._producer_channel(producer))
-        producer._attach(channel)
-        self._producers.append(producer)
-        self._context.register_producer(producer)
+        control.attach(channel)
+        self._producers[producer] = control
+        self._context.register_producer(control)
         return producer
 
     def _producer_context(self) -> ProducerContext:
@@ -222,10 +196,10 @@ class Session:
         return ConsumerContext(
             started=context.started,
             report=context.report,
-            flow_stats=context.flow_stats,
-            flow_delivered=context.flow_delivered,
-            to_message=self._to_message,
-            processed=self._processed,
+            flow_stats=context.flow.stats,
+            flow_delivered=context.flow.delivered,
+            to_message=self._deliveries.to_message,
+            processed=self._deliveries.processed,
             closed=self._consumer_closed,
         )
 
@@ -235,9 +209,9 @@ class Session:
         return channel
 
     def _producer_closed(self, producer: MessageProducer) -> None:
-        if producer in self._producers:
-            self._producers.remove(producer)
-        self._context.unregister_producer(producer)
+        control = self._producers.pop(producer, None)
+        if control is not None:
+            self._context.unregister_producer(control)
 
     # ---------------------------------------------------------- consumers
     async def create_consumer(self, destination: Destination) -> MessageConsumer:
@@ -259,9 +233,9 @@ class Session:
             queue = await self._rpc(lambda: self._subscribe(destination, ""))
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
-        consumer = MessageConsumer(self._consumer_context(), destination, queue, subscription=None)
-        await self._start_consumer(consumer)
-        return consumer
+        return await self._start_consumer(
+            *open_consumer(self._consumer_context(), destination, queue, subscription=None)
+        )
 
     async def create_durable_subscriber(self, topic: Topic, name: str) -> MessageConsumer:
         """A durable subscription ``name`` to ``topic``."""
@@ -271,9 +245,9 @@ class Session:
         Queue(name)
         queue = await self._rpc(lambda: self._subscribe(topic, name))
         self._record(Declared.SUBSCRIPTION, topic.name, name)
-        consumer = MessageConsumer(self._consumer_context(), topic, queue, subscription=name)
-        await self._start_consumer(consumer)
-        return consumer
+        return await self._start_consumer(
+            *open_consumer(self._consumer_context(), topic, queue, subscription=name)
+        )
 
     async def _subscribe(self, topic: Topic, name: str) -> str:
         await self._ensure_exchange(topic.exchange)
@@ -287,47 +261,21 @@ class Session:
         await admin.queue_bind(queue, topic.exchange, "#")
         return queue
 
-    async def _start_consumer(self, consumer: MessageConsumer) -> None:
+    async def _start_consumer(
+        self, consumer: MessageConsumer, control: ConsumerControl[AioChannel]
+    ) -> MessageConsumer:
         channel = await self._rpc(lambda: self._context.open_channel(consumer))
-        consumer._attach(channel)
-        self._consumers.append(consumer)
-        self._context.register_consumer(consumer, self.acknowledge_mode == CLIENT_ACKNOWLEDGE)
+        control.attach(channel)
+        self._consumers[control] = consumer
+        self._context.flow.register(control, self.acknowledge_mode == CLIENT_ACKNOWLEDGE)
+        return consumer
 
-    async def _consumer_closed(self, consumer: MessageConsumer) -> None:
-        if consumer in self._consumers:
-            self._consumers.remove(consumer)
-        channel = consumer._channel
-        self._context.unregister_consumer(consumer)
+    async def _consumer_closed(self, consumer: ConsumerControl[AioChannel]) -> None:
+        self._consumers.pop(consumer, None)
+        channel = consumer.channel()
+        self._context.flow.unregister(consumer.id)
         if channel is not None:
             await channel.close()  # returns every unacked message to the queue
-
-    def _processed(self, consumer: MessageConsumer, generation: int, delivery: Delivery) -> None:
-        if generation == consumer._generation:
-            self._context.flow_processed(consumer.id, delivery.delivery_tag)
-
-    def _to_message(
-        self, consumer: MessageConsumer, generation: int, delivery: Delivery
-    ) -> Message:
-        """The application's message for a buffered delivery (of the consumer's
-        channel number ``generation``).
-
-        Raises:
-            MessageFormatError: a text body that cannot be decoded.
-        """
-        acknowledger = None
-        if self.acknowledge_mode == CLIENT_ACKNOWLEDGE:
-            acknowledger = functools.partial(self._acknowledge_message, consumer, generation)
-        return delivered_message(delivery, consumer.destination, acknowledger)
-
-    def _acknowledge_message(self, consumer: MessageConsumer, generation: int) -> None:
-        """``Message.acknowledge()``: refused for a message whose channel is gone.
-
-        Raises:
-            StaleMessageError: the message came on a channel lost since.
-            IllegalStateError: the session is closed.
-        """
-        check_current(generation, consumer._generation)
-        self.acknowledge()
 
     def acknowledge(self) -> None:
         """Acknowledge every message consumed by this session (CLIENT_ACKNOWLEDGE)."""
@@ -335,7 +283,7 @@ class Session:
         if self.acknowledge_mode != CLIENT_ACKNOWLEDGE:
             return
         for consumer in list(self._consumers):
-            self._context.flow_acknowledged(consumer.id)
+            self._context.flow.acknowledged(consumer.id)
 
     async def recover(self) -> None:
         """Redeliver every unacknowledged message of this session: each
@@ -346,13 +294,13 @@ class Session:
             IllegalStateError: the session is closed.
         """
         self._check_open()
-        for consumer in list(self._consumers):
-            old = consumer._channel
+        for control, consumer in list(self._consumers.items()):
+            old = control.channel()
             if old is not None:
                 await old.close()
             channel = await self._rpc(functools.partial(self._context.open_channel, consumer))
-            consumer._attach(channel)
-            self._context.reset_consumer_flow(consumer)
+            control.attach(channel)
+            self._context.flow.reset(control.id)
 
     async def unsubscribe(self, name: str) -> None:
         """Delete the durable subscription ``name`` (its queue).
@@ -384,7 +332,7 @@ class Session:
                 await producer.close()
             except JMSException as exc:
                 errors.append(exc)
-        for consumer in list(self._consumers):
+        for consumer in list(self._consumers.values()):
             await consumer.close()
         self._closed = True
         admin, self._admin_channel = self._admin_channel, None
@@ -403,17 +351,23 @@ class Session:
     async def _restore(self) -> None:
         """Re-declare what this session declared and re-open its channels."""
         self._admin_channel = None
-        for item in self._declared.snapshot():
-            if item.kind is Declared.QUEUE:
-                await self._ensure_queue(item.name)
-            elif item.kind is Declared.TOPIC:
-                await self._ensure_exchange(item.name)
-            else:
-                await self._subscribe(Topic(item.name), item.subscription)
-        for producer in list(self._producers):
-            producer._attach(await self._producer_channel(producer))
-        for consumer in list(self._consumers):
+        for declare in self._declared.replay(
+            queue=self._ensure_queue, topic=self._ensure_exchange, subscription=self._subscribe
+        ):
+            await declare()
+        for producer, producer_control in list(self._producers.items()):
+            producer_control.attach(await self._producer_channel(producer))
+        for control, consumer in list(self._consumers.items()):
             if consumer.is_topic and consumer.subscription is None:
-                consumer._queue = await self._subscribe(Topic(consumer.destination.name), "")
-            consumer._attach(await self._context.open_channel(consumer))
-            self._context.reset_consumer_flow(consumer)
+                control.resubscribed(await self._subscribe(Topic(consumer.destination.name), ""))
+            control.attach(await self._context.open_channel(consumer))
+            self._context.flow.reset(control.id)
+
+
+def open_session(
+    context: SessionContext, acknowledge_mode: int
+) -> tuple[Session, Callable[[], Awaitable[None]]]:
+    """A new session, and how its connection restores it on a new transport
+    (re-declare what it declared, re-open its channels)."""
+    session = Session(context, acknowledge_mode)
+    return session, session._restore

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
 import struct
 from collections.abc import Callable
@@ -29,8 +30,12 @@ from .._transport_base import (
     ChannelHandler,
     Delivery,
     TransportListener,
+    connect_timed_out,
     connection_parameters,
     from_pika,
+    listen_blocked,
+    lost_error,
+    open_failed,
     to_pika,
     translate_error,
 )
@@ -346,43 +351,14 @@ class AioTransport:
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
         self._closed = loop.create_future()
-        closed = self._closed
-
-        def on_open(_conn: Any) -> None:
-            if not opened.done():
-                opened.set_result(None)
-
-        def on_open_error(_conn: Any, error: BaseException | str) -> None:
-            exc = error if isinstance(error, BaseException) else ConnectionLostError(str(error))
-            if not opened.done():
-                opened.set_exception(translate_error(exc))
-
-        def on_closed(_conn: Any, reason: BaseException) -> None:
-            if not closed.done():
-                closed.set_result(None)
-            if opened.done() and not self.closing and not self.lost:
-                self.lost = True
-                error = translate_error(reason)
-                lost = (
-                    error
-                    if isinstance(error, ConnectionLostError)
-                    else ConnectionLostError(str(error))
-                )
-                self._listener.on_lost(lost)
-
         connection = AsyncioConnection(
             self._params,
-            on_open_callback=on_open,
-            on_open_error_callback=on_open_error,
-            on_close_callback=on_closed,
+            on_open_callback=lambda _conn: settle(opened),
+            on_open_error_callback=functools.partial(self._on_open_error, opened),
+            on_close_callback=functools.partial(self._on_closed, opened, self._closed),
             custom_ioloop=loop,
         )
-        connection.add_on_connection_blocked_callback(
-            lambda _conn, frame: self._listener.on_blocked(str(frame.method.reason))
-        )
-        connection.add_on_connection_unblocked_callback(
-            lambda _conn, _frame: self._listener.on_unblocked()
-        )
+        listen_blocked(connection, self._listener)
         self._connection = connection
         try:
             async with asyncio.timeout(self._connect_timeout + 5):
@@ -391,14 +367,31 @@ class AioTransport:
             self.lost = True
             with contextlib.suppress(Exception):
                 connection.close()
-            raise ConnectionLostError(
-                f"timed out connecting to {self._params.host}:{self._params.port}"
-            ) from None
+            raise connect_timed_out(self._params) from None
         except (JMSException, asyncio.CancelledError):
             self.lost = True
             with contextlib.suppress(Exception):
                 connection.close()
             raise
+
+    # pika's connection callbacks; ``opened`` is connect()'s.
+    def _on_open_error(
+        self, opened: asyncio.Future[None], _conn: Any, error: BaseException | str
+    ) -> None:
+        if not opened.done():
+            opened.set_exception(open_failed(error))
+
+    def _on_closed(
+        self,
+        opened: asyncio.Future[None],
+        closed: asyncio.Future[None],
+        _conn: Any,
+        reason: BaseException,
+    ) -> None:
+        settle(closed)
+        if opened.done() and not self.closing and not self.lost:
+            self.lost = True
+            self._listener.on_lost(lost_error(reason))
 
     async def open_channel(self, handler: ChannelHandler) -> AioChannel:
         """Open a channel whose events go to ``handler``.
