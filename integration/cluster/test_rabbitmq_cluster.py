@@ -23,7 +23,7 @@ import pytest
 
 from integration.broker._depth import DepthWatcher
 from integration.broker.conftest import wait_for
-from integration.cluster._members import Member, cluster_name
+from integration.cluster._members import Member, cluster_name, start_members
 from integration.conftest import Broker
 from rabbitflow_broker.rabbitmq_node import NodeError, RabbitMQNode, rabbitmq_available
 
@@ -139,10 +139,10 @@ def test_leader_node_stopped_clients_reconnect_nothing_lost_bound_holds(
     broker = Broker(upstream, management)
     name = cluster_name()
     gateways = [
-        Member(broker, tmp_path, name, i, cluster_batch=BATCH, cluster_lease=1000).start()
-        for i in range(2)
+        Member(broker, tmp_path, name, i, cluster_batch=BATCH, cluster_lease=1000) for i in range(2)
     ]
     try:
+        start_members(gateways)
         queue = unique_name("qq")
         connection = pika.BlockingConnection(pika.URLParameters(gateways[0].url))
         connection.channel().queue_declare(
