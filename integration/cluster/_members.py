@@ -33,11 +33,6 @@ class Member:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Member:
-        """Start the process and wait until it is ready."""
-        return self.launch().wait_ready()
-
-    def launch(self) -> Member:
-        """Start the process without waiting for it (see :meth:`wait_ready`)."""
         args = [
             sys.executable,
             "-m",
@@ -59,10 +54,6 @@ class Member:
             args += ["--" + name.replace("_", "-"), str(value)]
         with self.log_path.open("a") as log:
             self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
-        return self
-
-    def wait_ready(self) -> Member:
-        """Wait until the member answers AMQP and its /api/ready says 200."""
         wait_for_amqp("127.0.0.1", self.port, 30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -134,14 +125,6 @@ class Member:
             if line.strip()
         ]
         return [r for r in records if code is None or r["code"] == code]
-
-
-def start_members(members: list[Member]) -> list[Member]:
-    """Start every member at once (each takes seconds to import and bind),
-    then wait until each is ready."""
-    for member in members:
-        member.launch()
-    return [member.wait_ready() for member in members]
 
 
 def cluster_name() -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from integration.cluster._members import Member, cluster_name, forget_cluster, start_members
+from integration.cluster._members import Member, cluster_name, forget_cluster
 from integration.conftest import Broker
 
 
@@ -22,9 +22,12 @@ def cluster_members(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., li
     def start(n: int, **options: Any) -> list[Member]:
         name = cluster_name()
         names.append(name)
-        members = [Member(broker, tmp_path, name, len(started) + i, **options) for i in range(n)]
-        started.extend(members)
-        return start_members(members)
+        members = []
+        for _ in range(n):
+            member = Member(broker, tmp_path, name, len(started), **options)
+            started.append(member)
+            members.append(member.start())
+        return members
 
     yield start
     for member in started:
