@@ -12,7 +12,8 @@ Fixtures
 ``throwaway_broker`` (function)
     A private node (own node name, ports, data dir, config; see
     :class:`rabbitflow_broker.rabbitmq_node.RabbitMQNode`) for tests that
-    stop, restart or alarm a broker.  Management plugin enabled.
+    stop, restart or alarm a broker.  Management plugin enabled.  A test
+    that uses it is marked ``slow`` (a node takes seconds to start).
 ``gateway_url`` (function)
     The AMQP URL of a gateway, its own ``rabbitflow-broker`` process in
     front of ``broker`` as an operator runs it.  Its log is printed when the
@@ -111,6 +112,17 @@ def broker() -> Iterator[Broker]:
     pytest.fail(
         "no RabbitMQ reachable and rabbitmq-server is not installed (run scripts/bootstrap)"
     )
+
+
+#: Fixtures that start throwaway RabbitMQ nodes (seconds each): their tests
+#: count as ``slow``, which the quick loop (``-m "not slow"``) leaves out.
+NODE_FIXTURES = frozenset({"throwaway_broker"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if NODE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -265,6 +265,11 @@ def test_stopped_member_holds_completions_and_rejoins(
     _assert_bound(watcher, producers, members)
 
 
+#: Messages each producer of the failover scenario sends: enough that all are
+#: still sending when a member is killed (checked).
+FAILOVER_COUNT = 400
+
+
 class FailoverProducer(threading.Thread):
     """An SDK producer given every member, its own first; records what send() accepted."""
 
@@ -313,18 +318,22 @@ def test_member_killed_its_producers_fail_over_nothing_lost_bound_holds(
     for member in members:
         # Each producer's own member first, then the others.
         urls = [member.url] + [m.url for m in members if m is not member]
-        producers += [FailoverProducer(urls, queue, f"{member.index}.{i}", 800) for i in range(2)]
+        producers += [
+            FailoverProducer(urls, queue, f"{member.index}.{i}", FAILOVER_COUNT) for i in range(2)
+        ]
     for producer in producers:
         producer.start()
     try:
         wait_for(lambda: all(len(p.accepted) > 100 for p in producers), timeout=60, what="flowing")
         victim.kill()  # mid-stream: its producers move to the other members
+        # Held by flow control at the consumer's pace, none had finished.
+        assert all(len(p.accepted) < FAILOVER_COUNT for p in producers), "too few messages"
         for producer in producers:
             producer.join(120)
             assert not producer.is_alive(), f"producer {producer.pid} still sending"
             assert producer.error is None, f"producer {producer.pid}: {producer.error!r}"
         accepted = {body for p in producers for body in p.accepted}
-        assert len(accepted) == len(producers) * 800
+        assert len(accepted) == len(producers) * FAILOVER_COUNT
         wait_for(
             lambda: accepted <= {b.decode() for b in consumer.bodies},
             timeout=60,
