@@ -267,7 +267,7 @@ def test_stopped_member_holds_completions_and_rejoins(
 
 #: Messages each producer of the failover scenario sends: enough that all are
 #: still sending when a member is killed (checked).
-FAILOVER_COUNT = 400
+FAILOVER_COUNT = 800
 
 
 class FailoverProducer(threading.Thread):
