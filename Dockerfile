@@ -36,5 +36,5 @@ USER rabbitflow
 WORKDIR /var/lib/rabbitflow
 EXPOSE 5673 15673
 HEALTHCHECK --interval=5s --timeout=5s --start-period=10s --retries=6 \
-    CMD ["python", "-m", "rabbitflow_broker.healthcheck"]
+    CMD ["python", "-m", "rabbitflow_broker.server.healthcheck"]
 ENTRYPOINT ["rabbitflow-broker"]

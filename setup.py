@@ -118,7 +118,10 @@ def extensions(target_dir: str) -> list[Any]:
                     # installed at build time.
                     "--config-file=pyproject.toml",
                     "--follow-imports=silent",
-                    *(f"broker_plugin/rabbitflow_broker/{name}.py" for name in accel.MODULES),
+                    *(
+                        accel.source_path(name, PACKAGE).relative_to(ROOT).as_posix()
+                        for name in accel.MODULES
+                    ),
                 ],
                 group_name="rabbitflow_broker._accel",
                 opt_level="3",

@@ -49,7 +49,7 @@ from typing import Any
 import pika
 from pika.spec import Basic
 
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
 __all__ = [
     "BenchError",

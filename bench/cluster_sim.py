@@ -1,6 +1,6 @@
 """Cluster simulation: the bound, the peak depth and the control traffic of 10 to 100 members.
 
-The cluster's pure allowance logic (``rabbitflow_broker.cluster``: each
+The cluster's pure allowance logic (``rabbitflow_broker.engine.cluster``: each
 member's allowance, the queue owner's ledger) runs in the seeded simulation
 the model tests use (``tests/broker/cluster_sim.py``): members relay the
 publishes of producers with fixed capacities into one queue, hold
@@ -36,8 +36,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rabbitflow_broker.cluster import FlowUpdate
-from rabbitflow_broker.cluster_book import REPORT_EVERY_S
+from rabbitflow_broker.engine.cluster import FlowUpdate
+from rabbitflow_broker.engine.cluster_book import REPORT_EVERY_S
 from tests.broker.cluster_sim import STEP, Bus, Member, Producer, Simulation
 
 #: Simulated seconds of the run that finds the rate the producers reach.

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/relay_cpu.py [--messages 200000] [--profile FILE]
 
-Feeds a connection :class:`~rabbitflow_broker.engine.Engine` the exact
+Feeds a connection :class:`~rabbitflow_broker.engine.connection.Engine` the exact
 bytes a pika client and RabbitMQ exchange, in 64 KiB-ish chunks as a socket would
 deliver them, and times the engine's work (frame splitting,
 routing, depth tracking, confirm bookkeeping) for each workload:
@@ -48,10 +48,10 @@ from pamqp.body import ContentBody
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rabbitflow_broker.amqp import PROTOCOL_HEADER
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.engine import Engine
-from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
+from rabbitflow_broker.engine.connection import Engine
+from rabbitflow_broker.hub.gateway import Gateway
 
 QUEUE = "bench"
 NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}

@@ -11,7 +11,7 @@ Fixtures
     reconfigured by a test.
 ``throwaway_broker`` (function)
     A private node (own node name, ports, data dir, config; see
-    :class:`rabbitflow_broker.rabbitmq_node.RabbitMQNode`) for tests that
+    :class:`rabbitflow_broker.server.rabbitmq_node.RabbitMQNode`) for tests that
     stop, restart or alarm a broker.  Management plugin enabled.  A test
     that uses it is marked ``slow`` (a node takes seconds to start).
 ``gateway_url`` (function)
@@ -37,7 +37,7 @@ from pathlib import Path
 import pika
 import pytest
 
-from rabbitflow_broker.rabbitmq_node import (
+from rabbitflow_broker.server.rabbitmq_node import (
     NodeError,
     RabbitMQNode,
     amqp_handshake_ok,

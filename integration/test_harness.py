@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pika
 
-from rabbitflow_broker.rabbitmq_node import amqp_handshake_ok, free_port
+from rabbitflow_broker.server.rabbitmq_node import amqp_handshake_ok, free_port
 
 from .conftest import Broker
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 # First: it chooses the compiled engine or its pure-Python sources.
 from rabbitflow_broker import accel  # noqa: F401
-from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
+from rabbitflow_broker.cli.config import ConfigError, GatewayConfig, load_config
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.service import GatewayService
+    from rabbitflow_broker.server.service import GatewayService
 
     #: The installed distribution's version: the same as ``rabbitflow.__version__``.
     __version__: str
@@ -22,16 +22,13 @@ def __getattr__(name: str) -> Any:
     # The service (asyncio, aiohttp) loads on first use, so the pure modules
     # (the connection engine above all) import without an event loop library.
     if name == "GatewayService":
-        from rabbitflow_broker.service import GatewayService
+        from rabbitflow_broker.server.service import GatewayService
 
         return GatewayService
     if name == "__version__":
         # Read on first use: importlib.metadata imports socket, and the
         # engine's modules import no I/O library.
-        from importlib.metadata import PackageNotFoundError, version
+        from rabbitflow_broker.version import __version__
 
-        try:
-            return version("rabbitflow")
-        except PackageNotFoundError:  # a source tree that was never installed
-            return "0+unknown"
+        return __version__
     raise AttributeError(f"module 'rabbitflow_broker' has no attribute {name!r}")

@@ -37,34 +37,35 @@ __all__ = [
     "extension_paths",
     "recorded_digest",
     "select",
+    "source_path",
     "status",
 ]
 
-#: The compiled modules (of the package ``rabbitflow_broker``).
+#: The compiled modules, dotted below the package ``rabbitflow_broker``.
 MODULES: Final = (
-    "amqp",
-    "amqp_encode",
-    "cluster",
-    "cluster_book",
-    "confirms",
-    "depth",
-    "engine",
-    "engine_channel",
-    "engine_client",
-    "engine_flow",
-    "engine_io",
-    "engine_pause",
-    "engine_state",
-    "engine_upstream",
-    "gateway",
-    "gateway_store",
-    "gateway_views",
-    "mirror",
-    "read_pause",
-    "relay_pump",
-    "routing",
-    "routing_exchange",
-    "routing_match",
+    "engine.allowance",
+    "engine.amqp",
+    "engine.amqp_encode",
+    "engine.channel",
+    "engine.cluster",
+    "engine.cluster_book",
+    "engine.confirms",
+    "engine.connection",
+    "engine.depth",
+    "engine.from_client",
+    "engine.from_upstream",
+    "engine.mirror",
+    "engine.pause",
+    "engine.ports",
+    "engine.routing",
+    "engine.routing_exchange",
+    "engine.routing_match",
+    "engine.state",
+    "hub.gateway",
+    "hub.store_quota",
+    "hub.views",
+    "server.read_pause",
+    "server.relay_pump",
 )
 #: Set to 1 to run the pure-Python sources although a build is present.
 PURE_ENV: Final = "RABBITFLOW_PURE_PYTHON"
@@ -76,12 +77,17 @@ _HERE = Path(__file__).resolve().parent
 _status = "pure Python (not built)"
 
 
+def source_path(name: str, package_dir: Path = _HERE) -> Path:
+    """The source file of the compiled module ``name`` (dotted below the package)."""
+    return package_dir.joinpath(*name.split(".")).with_suffix(".py")
+
+
 def digest(package_dir: Path = _HERE) -> str:
     """SHA-256 of the compiled modules' sources and the Python version."""
     h = hashlib.sha256(sys.version.encode())
     for name in MODULES:
         h.update(name.encode())
-        h.update((package_dir / f"{name}.py").read_bytes())
+        h.update(source_path(name, package_dir).read_bytes())
     return h.hexdigest()
 
 
@@ -89,7 +95,10 @@ def extension_paths(package_dir: Path = _HERE) -> list[Path]:
     """The files a build makes besides its stamp: one extension per module
     and the group's shared library."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return [package_dir / f"{name}{suffix}" for name in (*MODULES, "_accel__mypyc")]
+    return [
+        package_dir.joinpath(*name.split(".")).with_name(f"{name.rpartition('.')[2]}{suffix}")
+        for name in (*MODULES, "_accel__mypyc")
+    ]
 
 
 def recorded_digest(package_dir: Path = _HERE) -> str | None:
@@ -118,7 +127,7 @@ class _SourceFinder:
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in cls._names:
             return None
-        source = _HERE / f"{fullname.rpartition('.')[2]}.py"
+        source = source_path(fullname.removeprefix(f"{_PACKAGE}."))
         return importlib.util.spec_from_file_location(fullname, source)
 
 

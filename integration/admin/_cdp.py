@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 T = TypeVar("T")
 

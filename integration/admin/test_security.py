@@ -16,7 +16,7 @@ import pytest
 
 from integration.broker.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
 

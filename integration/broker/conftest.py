@@ -24,8 +24,8 @@ import pika
 import pytest
 
 from integration.conftest import Broker
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.server.service import GatewayService
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ import pika
 
 from integration.broker.conftest import wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
 BIN = Path(sys.executable).with_name("rabbitflow-broker")
 

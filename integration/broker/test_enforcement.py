@@ -13,7 +13,7 @@ import pytest
 
 from integration.broker.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.persistence import RabbitMQThresholdStore
+from rabbitflow_broker.server.persistence import RabbitMQThresholdStore
 
 
 def test_plain_pika_confirm_is_held_until_queue_is_underfull(

@@ -28,7 +28,7 @@ from integration.broker.test_qpid_example import (
 )
 from integration.broker.test_qpid_example import _drain as drain_no_ack
 from integration.conftest import Broker
-from rabbitflow_broker.depth_source import STATS_SETTLE_S
+from rabbitflow_broker.hub.depth_sources import STATS_SETTLE_S
 
 QUORUM = {"x-queue-type": "quorum"}
 THRESHOLDS = {"qpid.flow_stop_count": STOP, "qpid.flow_resume_count": RESUME}

@@ -22,8 +22,8 @@ import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
 from integration.broker.conftest import RunningGateway, wait_for
-from rabbitflow_broker.config_cli import main as config_cli
-from rabbitflow_broker.persistence import RabbitMQThresholdStore
+from rabbitflow_broker.cli.config_cli import main as config_cli
+from rabbitflow_broker.server.persistence import RabbitMQThresholdStore
 
 STOP = 20
 DERIVED_RESUME = STOP * 70 // 80  # the default percentages, 80 and 70

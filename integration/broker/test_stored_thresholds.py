@@ -8,8 +8,8 @@ from pathlib import Path
 
 from integration.broker.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.flow import Thresholds
-from rabbitflow_broker.persistence import FileThresholdStore
+from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.server.persistence import FileThresholdStore
 
 STORED = Thresholds(stop_count=10, resume_count=5)
 

@@ -11,7 +11,7 @@ import pytest
 
 from integration.broker_ops._clients import SdkProducer
 from integration.broker_ops.conftest import RunningGateway, wait_for
-from rabbitflow_broker.config_cli import main as config_cli
+from rabbitflow_broker.cli.config_cli import main as config_cli
 from rabbitflow_broker.events import ALL_QUEUES
 
 CAPACITY = 20

@@ -28,7 +28,7 @@ import pytest
 from bench.connection_churn import churn, rss_bytes
 from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
 WARM_UP = 500

@@ -13,7 +13,7 @@ import pytest
 
 from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
 #: Enough for the gateway to start, far too few for the clients below.

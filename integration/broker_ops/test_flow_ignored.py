@@ -20,7 +20,7 @@ import pytest
 
 from integration.broker_ops.conftest import RunningGateway, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.relay import PAUSE_BYTES, PAUSE_MESSAGES
+from rabbitflow_broker.server.relay import PAUSE_BYTES, PAUSE_MESSAGES
 
 STOP, RESUME = 20, 10
 TIMEOUT_MS = 1000

@@ -17,8 +17,8 @@ import pytest_asyncio
 
 from integration.broker.conftest import RunningGateway
 from integration.conftest import Broker
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.server.service import GatewayService
 
 
 @pytest_asyncio.fixture

@@ -25,7 +25,7 @@ import rabbitflow
 from integration.broker.conftest import wait_for
 from integration.client._support import Sender, drain, numbers
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))
 #: The producer's stream: the SIGTERM comes with its window (100) full and

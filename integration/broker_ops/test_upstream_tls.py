@@ -17,7 +17,7 @@ import pytest
 from integration.broker.conftest import RunningGateway
 from integration.broker_ops._tls import CertificateAuthority, make_ca
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import RabbitMQNode, free_port
+from rabbitflow_broker.server.rabbitmq_node import RabbitMQNode, free_port
 
 pytestmark = pytest.mark.slow
 

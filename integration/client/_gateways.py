@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
 from ..conftest import Broker
 

@@ -30,7 +30,7 @@ from typing import Any
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from rabbitflow_broker.rabbitmq_node import RabbitMQNode, host_port
+from rabbitflow_broker.server.rabbitmq_node import RabbitMQNode, host_port
 
 CLIENT_LOGGER = "rabbitflow.client"
 

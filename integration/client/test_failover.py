@@ -23,7 +23,7 @@ import pytest
 import rabbitflow
 from rabbitflow import aio
 from rabbitflow._message import REDELIVERED_HEADER
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 from ..conftest import Broker
 from ._gateways import GatewayProcess, gateways, require_management

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
 
 class Member:

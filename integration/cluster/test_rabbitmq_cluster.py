@@ -25,7 +25,7 @@ from integration.broker._depth import DepthWatcher
 from integration.broker.conftest import wait_for
 from integration.cluster._members import Member, cluster_name
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import NodeError, RabbitMQNode, rabbitmq_available
+from rabbitflow_broker.server.rabbitmq_node import NodeError, RabbitMQNode, rabbitmq_available
 
 STOP, RESUME = 200, 100
 BATCH = 20

@@ -31,7 +31,7 @@ from integration.broker._producers import WindowProducer
 from integration.broker.conftest import wait_for
 from integration.cluster._members import cluster_name, forget_cluster
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
 WORKERS = 2
 STOP, RESUME = 300, 150

@@ -10,7 +10,7 @@ import pytest
 
 from integration.broker._producers import WindowProducer, wait_done
 from integration.broker.conftest import RunningGateway, wait_for
-from rabbitflow_broker.config_cli import main
+from rabbitflow_broker.cli.config_cli import main
 
 CAPACITY = 10
 

@@ -21,8 +21,8 @@ import yaml
 
 from integration.broker.conftest import serving, wait_for
 from integration.conftest import Broker
-from rabbitflow_broker.demo import main
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.cli.demo import main
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 BROKER_CLI = str(Path(sys.executable).with_name("rabbitflow-broker"))

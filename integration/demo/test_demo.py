@@ -9,8 +9,8 @@ import pytest
 
 from integration.broker.conftest import RunningGateway
 from integration.conftest import Broker
-from rabbitflow_broker.demo import DemoOptions, main, run
-from rabbitflow_broker.rabbitmq_node import free_port
+from rabbitflow_broker.cli.demo import DemoOptions, main, run
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 BOUND = 100 + 50 + 15
 

@@ -20,6 +20,7 @@ venv.  Slow (a mypyc build and two installs): ``slow``.
 
 from __future__ import annotations
 
+import importlib.machinery
 import io
 import os
 import platform
@@ -34,7 +35,7 @@ from pathlib import Path
 import pytest
 
 from integration.conftest import Broker
-from rabbitflow_broker.rabbitmq_node import amqp_handshake_ok, free_port
+from rabbitflow_broker.server.rabbitmq_node import amqp_handshake_ok, free_port
 
 pytestmark = [
     pytest.mark.slow,
@@ -168,9 +169,9 @@ def test_the_wheel_is_a_platform_wheel_with_the_compiled_engine(wheel: Path) -> 
     assert f"-{python_tag}-{python_tag}-" in wheel.name, wheel.name
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "rabbitflow_broker/_accel.stamp" in names
-    assert any(n.startswith("rabbitflow_broker/engine.cpython-") for n in names)
+    assert any(n.startswith("rabbitflow_broker/engine/connection.cpython-") for n in names)
     assert any(n.endswith("/licenses/LICENSE") for n in names)
-    assert "rabbitflow_broker/engine.py" in names  # the pure fallback ships too
+    assert "rabbitflow_broker/engine/connection.py" in names  # the pure fallback ships too
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +236,9 @@ def test_the_installed_gateway_runs_the_compiled_engine(
     engine = [path for path in mapped if "/rabbitflow_broker/" in path]
     # The group library and the engine's own module, from the new venv only.
     assert any(Path(p).name.startswith("_accel__mypyc.") for p in engine), sorted(mapped)
-    assert any(Path(p).name.startswith("engine.cpython-") for p in engine), sorted(engine)
+    assert any(
+        p.endswith(f"/engine/connection{importlib.machinery.EXTENSION_SUFFIXES[0]}") for p in engine
+    ), sorted(engine)
     assert all(Path(p).resolve().is_relative_to(site.resolve()) for p in engine), engine
     assert not any(str(ROOT) in p for p in mapped)
     # ... and the gateway says so in its start line.

@@ -32,7 +32,7 @@ from typing import Any
 
 import pika
 
-from rabbitflow_broker.routing import RoutingTable
+from rabbitflow_broker.engine.routing import RoutingTable
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 WORDS = ("a", "b", "c", "")

@@ -28,7 +28,7 @@ from integration.routing._differential import (
     random_policies,
     scratch_vhost,
 )
-from rabbitflow_broker.routing import RoutingTable
+from rabbitflow_broker.engine.routing import RoutingTable
 
 SEEDS = range(12)
 # Routing does not depend on the queue type: some seeds again with classic,

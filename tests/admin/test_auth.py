@@ -11,8 +11,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from rabbitflow_broker.admin import ANONYMOUS, RabbitMQUsers, StaticUsers
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.admin.api import ANONYMOUS, RabbitMQUsers, StaticUsers
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import Serve
 
 

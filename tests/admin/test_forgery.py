@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import Serve
 
 JSON = {"Content-Type": "application/json"}

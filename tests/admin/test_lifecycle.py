@@ -19,10 +19,10 @@ import pytest
 import pytest_asyncio
 from structlog.testing import capture_logs
 
-from rabbitflow_broker.flow import Thresholds
-from rabbitflow_broker.persistence import FileThresholdStore
-from rabbitflow_broker.service import GatewayService, OutageLog, loop_exception_handler
-from rabbitflow_broker.service_io import DescriptorWatch
+from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.server.persistence import FileThresholdStore
+from rabbitflow_broker.server.service import GatewayService, OutageLog, loop_exception_handler
+from rabbitflow_broker.server.service_io import DescriptorWatch
 from tests.admin.conftest import Serve
 
 JSON = {"Content-Type": "application/json"}

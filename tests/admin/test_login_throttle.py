@@ -7,8 +7,8 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from rabbitflow_broker.admin import LOGIN_FAILURES_ALLOWED, LoginThrottle
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.admin.api import LOGIN_FAILURES_ALLOWED, LoginThrottle
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import Serve
 
 

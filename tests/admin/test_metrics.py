@@ -8,9 +8,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import REGISTRY
 
-from rabbitflow_broker.gateway import BlockedChannel
-from rabbitflow_broker.metrics import metrics_registry, render
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.admin.metrics import metrics_registry, render
+from rabbitflow_broker.hub.gateway import BlockedChannel
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import FakeConnection, Serve
 
 

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import rabbitflow_broker
 from rabbitflow_broker import accel
-from rabbitflow_broker.metrics import metrics_registry, render
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.admin.metrics import metrics_registry, render
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import Serve
 
 #: promlint's lintMetricUnits: units that are not base units.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rabbitflow_broker.service import GatewayService
+from rabbitflow_broker.server.service import GatewayService
 from tests.admin.conftest import FakeConnection, Serve
 
 

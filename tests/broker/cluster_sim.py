@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from rabbitflow_broker.cluster import (
+from rabbitflow_broker.engine.cluster import (
     Flow,
     FlowUpdate,
     Grant,

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp.base import Frame
 
-from rabbitflow_broker.amqp import FRAME_HEARTBEAT, PROTOCOL_HEADER
-from rabbitflow_broker.gateway import BlockedChannel
+from rabbitflow_broker.engine.amqp import FRAME_HEARTBEAT, PROTOCOL_HEADER
+from rabbitflow_broker.hub.gateway import BlockedChannel
 from tests.broker.frame_reader import FrameReader, decode_method
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.gateway import Gateway
-    from rabbitflow_broker.read_pause import ReadPause
-    from rabbitflow_broker.relay import Relay
+    from rabbitflow_broker.hub.gateway import Gateway
+    from rabbitflow_broker.server.read_pause import ReadPause
+    from rabbitflow_broker.server.relay import Relay
 
 
 class RecordingOwner:
-    """The pump's owner (:class:`~rabbitflow_broker.relay_pump.Owner`): records each call."""
+    """The pump's owner (:class:`~rabbitflow_broker.server.relay_pump.Owner`): records each call."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
@@ -76,7 +76,7 @@ async def wait_until(
 
 class RefreshWatch:
     """Wraps a gateway's ``on_change`` (the relays'
-    :class:`~rabbitflow_broker.refresher.Refresher`) to tell whether a pass it
+    :class:`~rabbitflow_broker.server.refresher.Refresher`) to tell whether a pass it
     was asked for may still be due.
 
     The refresher runs its pass with ``call_soon``; a marker queued right
@@ -236,7 +236,7 @@ def connected_relay(
 
     The upstream connection opens as soon as the event loop runs.
     """
-    from rabbitflow_broker.relay import Relay
+    from rabbitflow_broker.server.relay import Relay
 
     upstream = FakeTransport()
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from pamqp import base, commands
 
-from rabbitflow_broker.amqp import (
+from rabbitflow_broker.engine.amqp import (
     COMMAND_INVALID,
     FRAME_BODY,
     FRAME_END,
@@ -22,7 +22,7 @@ from rabbitflow_broker.amqp import (
     PROTOCOL_HEADER,
     SYNTAX_ERROR,
 )
-from rabbitflow_broker.errors import FrameError
+from rabbitflow_broker.engine.errors import FrameError
 
 __all__ = ["FrameReader", "FrameRef", "decode_method"]
 

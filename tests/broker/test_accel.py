@@ -18,7 +18,7 @@ PACKAGE = Path(rabbitflow_broker.__path__[0])
 ROOT = PACKAGE.parent.parent
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 PROBE = (
-    "import sys, rabbitflow_broker.accel as a, rabbitflow_broker.engine as e; "
+    "import sys, rabbitflow_broker.accel as a, rabbitflow_broker.engine.connection as e; "
     "print(e.__file__); print(a.status()); "
     "print(any(m in sys.modules for m in ('asyncio', 'socket')))"
 )
@@ -43,7 +43,7 @@ def _probe(env: dict[str, str]) -> tuple[str, str, str]:
 
 
 def test_status_names_the_modules_actually_imported() -> None:
-    from rabbitflow_broker import engine
+    from rabbitflow_broker.engine import connection as engine
 
     forced_pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
     if accel.current_build() and not forced_pure:
@@ -56,7 +56,7 @@ def test_status_names_the_modules_actually_imported() -> None:
 
 def test_pure_env_imports_the_sources_and_no_event_loop() -> None:
     path, status, loop_imported = _probe({accel.PURE_ENV: "1"})
-    assert path == str(PACKAGE / "engine.py")
+    assert path == str(PACKAGE / "engine" / "connection.py")
     built = accel.recorded_digest() is not None  # current or stale
     assert status == (
         f"pure Python ({accel.PURE_ENV} is set)" if built else "pure Python (not built)"
@@ -78,7 +78,7 @@ def _package_copy(tmp_path: Path, stamp: str) -> dict[str, str]:
 def test_a_build_older_than_the_sources_is_never_imported(tmp_path: Path) -> None:
     env = _package_copy(tmp_path, "0" * 64)
     path, status, _ = _probe(env)
-    assert path == str(tmp_path / "rabbitflow_broker" / "engine.py")
+    assert path == str(tmp_path / "rabbitflow_broker" / "engine" / "connection.py")
     assert status == (
         "pure Python (the build is older than the sources: "
         "rebuild with scripts/build_accel.py or pip install .)"
@@ -99,7 +99,7 @@ def test_a_current_build_is_imported_unless_the_pure_env_is_set(tmp_path: Path) 
     assert failed.returncode != 0
     assert "ImportError" in failed.stderr
     path, status, _ = _probe({**env, accel.PURE_ENV: "1"})
-    assert path == str(tmp_path / "rabbitflow_broker" / "engine.py")
+    assert path == str(tmp_path / "rabbitflow_broker" / "engine" / "connection.py")
     assert status == f"pure Python ({accel.PURE_ENV} is set)"
 
 

@@ -1,4 +1,4 @@
-"""The engine's fixed-field readers and content-header reading (rabbitflow_broker.amqp)."""
+"""The engine's fixed-field readers and content-header reading (rabbitflow_broker.engine.amqp)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from rabbitflow_broker.amqp import content_properties, u16, u32, u64
+from rabbitflow_broker.engine.amqp import content_properties, u16, u32, u64
 
 
 @given(st.binary(min_size=8, max_size=40), st.data())

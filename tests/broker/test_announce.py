@@ -5,8 +5,8 @@ from __future__ import annotations
 import pika.frame
 import pika.spec
 
-from rabbitflow_broker.amqp import GATEWAY_PROPERTY, announce_gateway
-from rabbitflow_broker.amqp_encode import name_node
+from rabbitflow_broker.engine.amqp import GATEWAY_PROPERTY, announce_gateway
+from rabbitflow_broker.engine.amqp_encode import name_node
 
 RABBITMQ_PROPERTIES = {
     "product": b"RabbitMQ",

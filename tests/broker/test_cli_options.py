@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import rabbitflow_broker
-from rabbitflow_broker import accel, launch
-from rabbitflow_broker.cli import configure_logging, main
-from rabbitflow_broker.config import ConfigError, GatewayConfig, build_parser, load_config
+from rabbitflow_broker import accel
+from rabbitflow_broker.cli import launch
+from rabbitflow_broker.cli.broker import configure_logging, main
+from rabbitflow_broker.cli.config import ConfigError, GatewayConfig, build_parser, load_config
 
 
 def test_version_names_the_package_version_and_the_engine(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rabbitflow_broker.cluster import (
+from rabbitflow_broker.engine.cluster import (
     Flow,
     FlowUpdate,
     MemberAllowance,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rabbitflow_broker.cluster import Flow, FlowUpdate, Grant, Request
-from rabbitflow_broker.cluster_book import (
+from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant, Request
+from rabbitflow_broker.engine.cluster_book import (
     FLOW_AFTER_S,
     FREE_FOR_S,
     REPORT_EVERY_S,

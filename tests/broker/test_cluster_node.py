@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.cluster_node import ClusterNode
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.gateway import Gateway
+from rabbitflow_broker.server.cluster_node import ClusterNode
 
 KEY = ("/", "orders")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.cluster_book import MemberBook, QueueKey
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.flow import Thresholds
-from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
+from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.hub.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 KEY = ("/", "orders")

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rabbitflow_broker.cluster import Grant, Report, Request
-from rabbitflow_broker.cluster_wire import (
+from rabbitflow_broker.engine.cluster import Grant, Report, Request
+from rabbitflow_broker.engine.cluster_wire import (
     grant_message,
     queue_key,
     queue_name,
@@ -17,7 +17,7 @@ from rabbitflow_broker.cluster_wire import (
     request_message,
     thresholds_message,
 )
-from rabbitflow_broker.flow import Thresholds
+from rabbitflow_broker.engine.flow import Thresholds
 
 KEY = ("/v", "orders")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
+from rabbitflow_broker.cli.config import ConfigError, GatewayConfig, load_config
 
 
 def test_defaults_match_the_spec() -> None:

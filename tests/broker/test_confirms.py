@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rabbitflow_broker.confirms import Confirm, ConfirmTracker, Route
+from rabbitflow_broker.engine.confirms import Confirm, ConfirmTracker, Route
 
 A: Route = frozenset({"a"})
 B: Route = frozenset({"b"})

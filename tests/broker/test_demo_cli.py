@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import rabbitflow_broker
-from rabbitflow_broker.demo import build_parser, main, wait_for_gateway
+from rabbitflow_broker.cli.demo import build_parser, main, wait_for_gateway
 
 
 def test_help_is_plain_text() -> None:

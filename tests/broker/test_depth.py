@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rabbitflow_broker.depth import ChannelDeliveries, Delivery, DepthTracker
-from rabbitflow_broker.depth_source import DepthSources, QueueType, Reading, queue_type
+from rabbitflow_broker.engine.depth import ChannelDeliveries, Delivery, DepthTracker
+from rabbitflow_broker.hub.depth_sources import DepthSources, QueueType, Reading, queue_type
 
 KEY = ("/", "q")
 

@@ -3,7 +3,7 @@ unacknowledged part from the last listing may be added, and when not."""
 
 from __future__ import annotations
 
-from rabbitflow_broker.depth_source import (
+from rabbitflow_broker.hub.depth_sources import (
     DECLARE_SETTLE_S,
     DepthSources,
     QueueType,

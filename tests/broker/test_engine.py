@@ -11,16 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from rabbitflow_broker import engine as engine_module
-from rabbitflow_broker.amqp import PROTOCOL_HEADER
-from rabbitflow_broker.engine import PAUSE_MESSAGES, PRE_LOGIN_BUFFER
-from rabbitflow_broker.engine_state import Mode
+from rabbitflow_broker.engine import connection as engine_module
+from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
+from rabbitflow_broker.engine.connection import PAUSE_MESSAGES, PRE_LOGIN_BUFFER
+from rabbitflow_broker.engine.state import Mode
 from tests.broker.engine_harness import deliver, method, publish, wire
 
 
 def test_importing_the_engine_imports_neither_asyncio_nor_socket() -> None:
     code = (
-        "import sys, rabbitflow_broker.engine;"
+        "import sys, rabbitflow_broker.engine.connection;"
         "print(sorted({'asyncio', 'socket'} & set(sys.modules)))"
     )
     out = subprocess.run(

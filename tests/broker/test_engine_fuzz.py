@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from rabbitflow_broker.amqp import PROTOCOL_HEADER
-from rabbitflow_broker.engine import PRE_LOGIN_BUFFER, Actions
+from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
+from rabbitflow_broker.engine.connection import PRE_LOGIN_BUFFER, Actions
 from tests.broker.engine_harness import START_OK, Wire, deliver, method, publish, wire
 from tests.broker.frame_reader import FrameReader
 from tests.broker.rabbitmq_answers import CASES, RecordedCase

@@ -6,8 +6,7 @@ import datetime as dt
 
 import pytest
 
-from rabbitflow_broker.events import QueueOverfull, QueueUnderfull
-from rabbitflow_broker.flow import (
+from rabbitflow_broker.engine.flow import (
     TRANSITIONS,
     FlowInput,
     FlowState,
@@ -20,6 +19,7 @@ from rabbitflow_broker.flow import (
     thresholds_from_arguments,
     with_derived_resume,
 )
+from rabbitflow_broker.events import QueueOverfull, QueueUnderfull
 
 NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 BOTH = Thresholds(stop_count=4000, resume_count=3000, stop_size=8000, resume_size=6000)

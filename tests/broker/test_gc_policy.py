@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rabbitflow_broker.gc_policy import CollectorPolicy, CollectorSettings
+from rabbitflow_broker.server.gc_policy import CollectorPolicy, CollectorSettings
 
 
 class FakeCollector:

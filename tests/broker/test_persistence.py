@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rabbitflow_broker.flow import Thresholds
-from rabbitflow_broker.persistence import FileThresholdStore, PersistenceError
+from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.server.persistence import FileThresholdStore, PersistenceError
 
 T = Thresholds(stop_count=10, resume_count=5)
 

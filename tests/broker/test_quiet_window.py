@@ -11,10 +11,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rabbitflow_broker.config import GatewayConfig
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.engine.flow import QueueFlow
 from rabbitflow_broker.events import Event
-from rabbitflow_broker.flow import QueueFlow
-from rabbitflow_broker.gateway import Gateway
+from rabbitflow_broker.hub.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 VHOST, QUEUE = "/", "q"

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 from pamqp import commands
 
-from rabbitflow_broker.config import ConfigError, GatewayConfig
-from rabbitflow_broker.read_pause import OFF, PIPELINED, ReadPause
-from rabbitflow_broker.relay_pump import Pump
+from rabbitflow_broker.cli.config import ConfigError, GatewayConfig
+from rabbitflow_broker.server.read_pause import OFF, PIPELINED, ReadPause
+from rabbitflow_broker.server.relay_pump import Pump
 from tests.broker.engine_harness import deliver, method, methods, publish, wire
 from tests.broker.fakes import FakeLoop, FakeWriter, RecordingOwner, wait_until
 
@@ -121,8 +121,8 @@ def test_a_loop_closed_while_a_yield_was_pending_does_not_stop_the_next_loop() -
 
 @pytest.mark.asyncio
 async def test_the_relay_carries_out_the_policy_it_is_given_after_client_reads() -> None:
-    from rabbitflow_broker.amqp import PROTOCOL_HEADER
-    from rabbitflow_broker.gateway import Gateway
+    from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
+    from rabbitflow_broker.hub.gateway import Gateway
     from tests.broker.fakes import connected_relay
 
     seen = Recorder()

@@ -7,9 +7,9 @@ import datetime as dt
 
 import pytest
 
-from rabbitflow_broker.config import GatewayConfig
-from rabbitflow_broker.gateway import Gateway
-from rabbitflow_broker.refresher import Refresher
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.gateway import Gateway
+from rabbitflow_broker.server.refresher import Refresher
 from tests.broker.fakes import IdleConnection
 
 STOP_2 = {"qpid.flow_stop_count": 2, "qpid.flow_resume_count": 1}

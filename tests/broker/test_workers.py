@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rabbitflow_broker.cli import main
-from rabbitflow_broker.config import ConfigError, load_config
-from rabbitflow_broker.workers import (
+from rabbitflow_broker.cli.broker import main
+from rabbitflow_broker.cli.config import ConfigError, load_config
+from rabbitflow_broker.cli.workers import (
     WORKER_ENV,
     RestartPolicy,
     Supervisor,

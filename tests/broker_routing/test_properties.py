@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rabbitflow_broker.routing import RoutingTable
+from rabbitflow_broker.engine.routing import RoutingTable
 
 V = "/"
 words = st.sampled_from(["a", "b", ""])

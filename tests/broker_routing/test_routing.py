@@ -6,8 +6,8 @@ import decimal
 
 import pytest
 
-from rabbitflow_broker import routing
-from rabbitflow_broker.routing import (
+from rabbitflow_broker.engine import routing
+from rabbitflow_broker.engine.routing import (
     RoutingNotFoundError,
     RoutingTable,
     RoutingValueError,

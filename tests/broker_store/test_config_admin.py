@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rabbitflow_broker.config import ConfigError, GatewayConfig, load_config
+from rabbitflow_broker.cli.config import ConfigError, GatewayConfig, load_config
 
 
 def test_admin_auth_defaults_to_none_without_users() -> None:

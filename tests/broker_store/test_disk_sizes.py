@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rabbitflow_broker.service import disk_store_sizes
+from rabbitflow_broker.server.service import disk_store_sizes
 
 
 def _store(root: Path, digest: str, vhost: str, files: dict[str, int]) -> None:

@@ -6,7 +6,7 @@ from pamqp import commands
 from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
-from rabbitflow_broker.amqp import persistent
+from rabbitflow_broker.engine.amqp import persistent
 
 
 def _payload(properties: commands.Basic.Properties) -> bytes:

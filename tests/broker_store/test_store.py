@@ -6,14 +6,14 @@ import datetime as dt
 
 import pytest
 
-from rabbitflow_broker.events import StoreOverfull, StoreUnderfull
-from rabbitflow_broker.store import (
+from rabbitflow_broker.engine.store import (
     TRANSITIONS,
     StoreQuota,
     StoreState,
     StoreTransitionError,
     validate_quota,
 )
+from rabbitflow_broker.events import StoreOverfull, StoreUnderfull
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from rabbitflow_broker.config_cli import declare_arguments, main
+from rabbitflow_broker.cli.config_cli import declare_arguments, main
 from tests.config_cli.conftest import FakeAdmin
 
 ORDERS = {

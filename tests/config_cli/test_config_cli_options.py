@@ -10,7 +10,7 @@ import socket
 import pytest
 
 import rabbitflow_broker
-from rabbitflow_broker.config_cli import PASSWORD_ENV, USER_ENV, build_parser, main
+from rabbitflow_broker.cli.config_cli import PASSWORD_ENV, USER_ENV, build_parser, main
 from tests.config_cli.conftest import FakeAdmin
 
 

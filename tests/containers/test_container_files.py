@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rabbitflow_broker import healthcheck
+from rabbitflow_broker.server import healthcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -64,7 +64,7 @@ def test_the_gateway_and_rabbitmq_have_healthchecks() -> None:
     assert SERVICES["gateway"]["healthcheck"]["test"][1:4] == [
         "python",
         "-m",
-        "rabbitflow_broker.healthcheck",
+        "rabbitflow_broker.server.healthcheck",
     ]
 
 
@@ -112,7 +112,8 @@ def test_the_image_is_multi_stage_non_root_with_a_healthcheck() -> None:
     users = re.findall(r"^USER (\S+)$", DOCKERFILE, flags=re.MULTILINE)
     assert users
     assert users[-1] not in ("root", "0")
-    assert re.search(r"^HEALTHCHECK .*\n\s+CMD .*rabbitflow_broker\.healthcheck", DOCKERFILE, re.M)
+    healthcheck_command = r"^HEALTHCHECK .*\n\s+CMD .*rabbitflow_broker\.server\.healthcheck"
+    assert re.search(healthcheck_command, DOCKERFILE, re.M)
     # The final stage installs the built wheel, not the sources in place.
     final = DOCKERFILE.rpartition(stages[-1])[2]
     assert "pip install -e" not in DOCKERFILE

@@ -1,0 +1,1 @@
+"""The admin HTTP API, its security, the Prometheus metrics and the web console."""

@@ -1,0 +1,1 @@
+"""The commands: rabbitflow-broker, rabbitflow-config, rabbitflow-demo, and their options."""

@@ -1,0 +1,1 @@
+"""The pure connection engine and the machines it uses (sans-IO, compiled with mypyc)."""

@@ -1,0 +1,353 @@
+"""A cluster member's books: its allowances, and the grant ledgers it keeps
+while it owns the accounting (pure; the caller passes ``now``).
+
+:class:`MemberBook` is what the hub consults on every publish routed to a
+queue: :meth:`MemberBook.publish` spends one message of allowance, or, when
+there is none, counts a *debt* and puts the queue in :attr:`MemberBook.held`:
+the completions (confirms) of publishes routed there are held until a grant
+pays the debt.  A queue held for longer than :data:`FLOW_AFTER_S` joins
+:attr:`MemberBook.flowed` and its publishers' channels are flowed as for an
+overfull queue; a short wait for a grant only delays confirms.  A queue the
+owner declares ungoverned (no thresholds) needs no allowance for
+:data:`FREE_FOR_S`, after which the member asks again (thresholds may have
+been set meanwhile; a change made through the admin API is broadcast at
+once).
+
+:class:`OwnerBook` is the owner's side: a grant ledger per queue
+(:class:`~rabbitflow_broker.engine.cluster.QueueOwner`, ledger part only: the
+depth and the flow decision are the hub's, which counts every member's
+reported use as a publish) and the members it heard from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Final
+
+from rabbitflow_broker.engine.cluster import (
+    Flow,
+    FlowUpdate,
+    Grant,
+    MemberAllowance,
+    QueueOwner,
+    Report,
+    Request,
+)
+
+__all__ = [
+    "FLOW_AFTER_S",
+    "FREE_FOR_S",
+    "MemberBook",
+    "OwnerBook",
+    "QueueKey",
+]
+
+QueueKey = tuple[str, str]
+
+#: A queue held this long for want of allowance flows its publishers' channels.
+FLOW_AFTER_S: Final = 0.25
+#: How long the owner's "no thresholds" answer is trusted before asking again.
+FREE_FOR_S: Final = 5.0
+#: :meth:`MemberBook.published`: a queue's completions started being held.
+NEW_HOLD: Final = 1
+#: :meth:`MemberBook.published`: a request is due (half a grant used).
+DUE: Final = 2
+#: Removals are reported at least this often when nothing else goes out.
+REPORT_EVERY_S: Final = 0.25
+
+
+@dataclass(slots=True)
+class _Queue:
+    allowance: MemberAllowance
+    free_until: float = float("-inf")
+    debt: int = 0
+    debt_bytes: int = 0
+    held_since: float | None = None
+    last_report: float = float("-inf")
+    last_publish: float = float("-inf")
+    #: Allowance used since the last request.
+    used: int = 0
+
+
+@dataclass(slots=True)
+class MemberBook:
+    """One member's allowances for every queue it has published to."""
+
+    member: str
+    batch: int
+    lease: float
+    queues: dict[QueueKey, _Queue] = field(default_factory=dict)
+    #: Queues whose completions are held for want of allowance.
+    held: set[QueueKey] = field(default_factory=set)
+    #: Held for longer than FLOW_AFTER_S: their channels are flowed too.
+    flowed: set[QueueKey] = field(default_factory=set)
+    #: The highest owner epoch seen.
+    epoch: int = 0
+    #: Set when some queue used half a batch since its last request.
+    due: bool = False
+
+    def _queue(self, key: QueueKey) -> _Queue:
+        entry = self.queues.get(key)
+        if entry is None:
+            allowance = MemberAllowance(self.member, _name(key), self.batch, self.lease)
+            entry = self.queues[key] = _Queue(allowance)
+        return entry
+
+    def publish(self, key: QueueKey, size: int, now: float) -> bool:
+        """A publish routed to ``key``: True when its completion may go."""
+        entry = self._queue(key)
+        entry.last_publish = now
+        if now < entry.free_until:
+            return True
+        if not entry.debt and entry.allowance.take(now, size):
+            entry.used += 1
+            if entry.used * 2 == max(self.batch, entry.allowance.last_amount):
+                # Half a batch used since the last ask: ask now, not at the
+                # next round, so the grant arrives before the allowance ends.
+                self.due = True
+            return True
+        entry.debt += 1
+        entry.debt_bytes += size
+        if entry.held_since is None:
+            entry.held_since = now
+            self.held.add(key)
+        return False
+
+    def published(self, vhost: str, route: frozenset[str], size: int, now: float) -> int:
+        """A publish routed to ``route`` (the hub's per-publish call):
+        :data:`NEW_HOLD` when a queue's completions started being held,
+        :data:`DUE` when a request is due, 0 when nothing needs saying."""
+        held = self.held
+        flags = 0
+        for queue in route:
+            key = (vhost, queue)
+            if key in held:
+                self.publish(key, size, now)
+            elif not self.publish(key, size, now):
+                flags |= NEW_HOLD
+        if self.due:
+            flags |= DUE
+        return flags
+
+    def removed(self, key: QueueKey, messages: int, size: int) -> None:
+        """Messages left the queue through this member (acks, rejects...)."""
+        allowance = self._queue(key).allowance
+        allowance.removed += messages
+        allowance.removed_bytes += size
+
+    def requests(self, now: float) -> list[Request]:
+        """What to ask the owner now: allowance for queues running low or in
+        debt, the first answer for queues never asked about, and removal
+        reports that waited long enough."""
+        out: list[Request] = []
+        for _key, entry in self.queues.items():
+            free = now < entry.free_until
+            allowance = entry.allowance
+            # Allowance is asked for queues published to within a lease only
+            # (a queue this member only consumes from gets reports, no grants).
+            publishing = now - entry.last_publish < self.lease and not free
+            request = allowance.wants(now) if publishing else None
+            if (
+                request is None
+                and free
+                and now - entry.last_publish < FREE_FOR_S
+                and entry.free_until - now < FREE_FOR_S / 2
+                and (allowance.asked_at is None or now - allowance.asked_at >= self.lease / 4)
+            ):
+                # Still in use: renew the owner's "no thresholds" before it lapses.
+                allowance.asked_at = now
+                request = Request(self.member, allowance.queue, now, tuple(allowance.reports(now)))
+            if (
+                request is None
+                and entry.debt
+                and not free
+                and allowance.flow is Flow.OFF
+                and (allowance.asked_at is None or now - allowance.asked_at >= self.lease / 4)
+            ):
+                # In debt with allowance unusable (expired): ask at once,
+                # unless an unanswered ask is younger than a quarter lease.
+                allowance.asked_at = now
+                request = Request(
+                    self.member, allowance.queue, now, tuple(allowance.reports(now, flush=True))
+                )
+            if request is None and now - entry.last_report >= REPORT_EVERY_S:
+                reports = allowance.reports(now)
+                if reports:
+                    request = Request(self.member, allowance.queue, float("nan"), tuple(reports))
+            if request is not None:
+                entry.last_report = now
+                if not math.isnan(request.asked_at):
+                    entry.used = 0
+                out.append(request)
+        self.due = False
+        return out
+
+    def busy(self, now: float) -> bool:
+        """Whether rounds are needed soon: something held, due or unreported,
+        a grant still open, or a queue published to within a lease."""
+        if self.held or self.due:
+            return True
+        for entry in self.queues.values():
+            allowance = entry.allowance
+            if (
+                entry.debt
+                or now - entry.last_publish < self.lease
+                or allowance.removed
+                or allowance.removed_bytes
+                or allowance.holds_grants()
+            ):
+                return True
+        return False
+
+    def granted(self, key: QueueKey, grant: Grant, now: float) -> bool:
+        """A grant arrived: pay the debt; True when the queue is no longer held."""
+        if grant.epoch < self.epoch:
+            return False
+        self.epoch = max(self.epoch, grant.epoch)
+        entry = self._queue(key)
+        entry.allowance.granted(grant)
+        return self._pay(key, entry, now)
+
+    def _pay(self, key: QueueKey, entry: _Queue, now: float) -> bool:
+        allowance = entry.allowance
+        while entry.debt:
+            size = entry.debt_bytes // entry.debt
+            if not allowance.take(now, size):
+                return False
+            entry.used += 1
+            entry.debt -= 1
+            entry.debt_bytes -= size
+        return self._release(key, entry)
+
+    def _release(self, key: QueueKey, entry: _Queue) -> bool:
+        if entry.held_since is None:
+            return False
+        entry.held_since = None
+        self.held.discard(key)
+        self.flowed.discard(key)
+        return True
+
+    def free(self, key: QueueKey, now: float) -> bool:
+        """The owner says the queue has no thresholds: no allowance needed for
+        a while, and held publishes go.  True when the queue was held."""
+        entry = self._queue(key)
+        entry.free_until = now + FREE_FOR_S
+        entry.allowance.asked_at = None
+        entry.debt = entry.debt_bytes = 0
+        return self._release(key, entry)
+
+    def governed(self, key: QueueKey) -> None:
+        """Thresholds were set on the queue: ask before the next completion."""
+        entry = self.queues.get(key)
+        if entry is not None:
+            entry.free_until = float("-inf")
+
+    def flow(self, key: QueueKey, update: FlowUpdate) -> None:
+        """The owner's flow state of a queue."""
+        self.epoch = max(self.epoch, update.epoch)
+        self._queue(key).allowance.flow_update(update)
+
+    def tick(self, now: float) -> set[QueueKey]:
+        """Promote long holds to flowed; the queues that changed."""
+        changed: set[QueueKey] = set()
+        for key in self.held - self.flowed:
+            since = self.queues[key].held_since
+            if since is not None and now - since >= FLOW_AFTER_S:
+                self.flowed.add(key)
+                changed.add(key)
+        return changed
+
+    def forget(self, key: QueueKey) -> None:
+        """The queue is gone."""
+        self.queues.pop(key, None)
+        self.held.discard(key)
+        self.flowed.discard(key)
+
+    def describe(self, now: float) -> list[dict[str, object]]:
+        """Per queue: allowance left, debt, and whether held (for the admin API)."""
+        return [
+            {
+                "vhost": key[0],
+                "name": key[1],
+                "allowance": entry.allowance.available(now),
+                "debt": entry.debt,
+                "held": key in self.held,
+                "free": now < entry.free_until,
+            }
+            for key, entry in sorted(self.queues.items())
+        ]
+
+
+def _name(key: QueueKey) -> str:
+    return f"{key[0]}\x00{key[1]}"
+
+
+@dataclass(slots=True)
+class OwnerBook:
+    """The owner's grant ledgers; ``epoch`` and ``started_at`` are this owner's."""
+
+    member: str
+    batch: int
+    lease: float
+    epoch: int
+    started_at: float
+    ledgers: dict[QueueKey, QueueOwner] = field(default_factory=dict)
+
+    def ledger(self, key: QueueKey) -> QueueOwner:
+        ledger = self.ledgers.get(key)
+        if ledger is None:
+            ledger = self.ledgers[key] = QueueOwner(
+                _name(key),
+                stop=0,
+                resume=0,
+                batch=self.batch,
+                lease=self.lease,
+                epoch=self.epoch,
+                started_at=self.started_at,
+            )
+        return ledger
+
+    def settle(self, key: QueueKey, report: Report) -> int:
+        """A member's report: how many messages it newly used (enqueued)."""
+        return self.ledger(key).settle_report(report)
+
+    def grant(
+        self,
+        key: QueueKey,
+        request: Request,
+        now: float,
+        *,
+        on: bool,
+        stop: int = 0,
+        depth: int = 0,
+        sharers: int = 1,
+    ) -> Grant | None:
+        """A grant for a member's request, when the queue is OFF and one is
+        due.  With a stop threshold (``stop`` messages) and the queue's
+        ``depth``, what the queue can still take beside everything
+        outstanding is shared among ``sharers`` members: far below the
+        threshold a grant may be larger than a batch."""
+        ledger = self.ledger(key)
+        ledger.flow = Flow.ON if on else Flow.OFF
+        room = 0
+        if stop:
+            room = (stop - depth - ledger.outstanding) // max(1, sharers)
+        return ledger.grant(request, now, room)
+
+    def expire(self, now: float) -> dict[QueueKey, int]:
+        """Expired grants per queue: their remainder counts as enqueued."""
+        out: dict[QueueKey, int] = {}
+        for key, ledger in self.ledgers.items():
+            expired = ledger.expire_grants(now)
+            if expired:
+                out[key] = expired
+        return out
+
+    def outstanding(self, key: QueueKey) -> int:
+        ledger = self.ledgers.get(key)
+        return 0 if ledger is None else ledger.outstanding
+
+    def busy(self) -> bool:
+        """Whether any grant is outstanding (to be settled or expired)."""
+        return any(ledger.outstanding for ledger in self.ledgers.values())

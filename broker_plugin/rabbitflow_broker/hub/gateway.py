@@ -1,0 +1,761 @@
+"""State shared by all connections of one gateway.
+
+:class:`Gateway` owns the routing table, the depth of every queue, the
+per-queue threshold machines, the runtime thresholds and the event sink.
+Connections (one engine and driver per client connection) report what they
+relay; the gateway updates depth, runs the machines and emits events.  It
+never calls into a connection: what changed in blocking (queues that went
+ON or OFF, vhosts whose producers may be freed) accumulates as
+:class:`Changes`, :attr:`Gateway.on_change` tells the driver that some are
+pending, and the driver takes them (:meth:`Gateway.take_changes`) and
+re-checks the concerned connections' held confirms and flowed channels
+later, outside any change and outside any engine call.
+
+Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
+blocked while its flow is ON, while an administrator stopped its producers
+(:meth:`Gateway.stop_producers` with a queue) or while a vhost-wide block is
+active.  Vhost-wide blocks are the store quota (:mod:`~rabbitflow_broker.engine.store`,
+fed by :meth:`Gateway.observe_store`) and administrator stops of one vhost or
+of all; they name ``** All Queues **`` in CHN-1005.  Each blocker is
+independent: lifting one leaves the others in force.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.engine import mirror
+from rabbitflow_broker.engine.cluster_book import NEW_HOLD, MemberBook
+from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
+from rabbitflow_broker.engine.flow import (
+    DISABLED,
+    FlowState,
+    QueueFlow,
+    ThresholdError,
+    Thresholds,
+    ThresholdsSource,
+    check_value,
+    default_thresholds,
+    derived_resume,
+    is_stream,
+    thresholds_from_arguments,
+    with_derived_resume,
+)
+from rabbitflow_broker.engine.frames import FrameError
+from rabbitflow_broker.engine.ports import Hub
+from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
+from rabbitflow_broker.engine.store import StoreQuota, StoreState
+from rabbitflow_broker.events import ALL_QUEUES, Event
+from rabbitflow_broker.hub.store_quota import StoreQuotaMixin
+from rabbitflow_broker.hub.views import AdminViewsMixin, BlockedChannel, QueueSnapshot
+
+__all__ = ["BlockedChannel", "Changes", "Connection", "Gateway", "QueueSnapshot"]
+
+Route = frozenset[str]
+
+
+@dataclass(slots=True)
+class Changes:
+    """What changed in blocking since the driver last took the changes."""
+
+    #: Vhosts whose connections must re-check what they hold (None: every vhost).
+    vhosts: set[str | None] = field(default_factory=set)
+    #: Queues whose flow went ON, and OFF (a queue may be in both).
+    went_on: set[QueueKey] = field(default_factory=set)
+    went_off: set[QueueKey] = field(default_factory=set)
+
+    def concerns(self, vhost: str) -> bool:
+        """Whether a connection to ``vhost`` must re-check."""
+        return vhost in self.vhosts or None in self.vhosts
+
+
+class Connection(Protocol):
+    """What the gateway's admin views read from a relay (it never calls into one)."""
+
+    number: int
+
+    def held_confirms(self) -> int:
+        """Confirms (and commit-oks) currently held from the client."""
+
+    def blocked_channels(self) -> Iterable[BlockedChannel]:
+        """Channels of this connection currently flowed."""
+
+    def channel_count(self) -> int:
+        """Open channels."""
+
+    def describe_channels(self) -> Iterable[dict[str, Any]]:
+        """Admin API view of this connection's channels."""
+
+    def count_unacked(self, into: dict[QueueKey, int]) -> None:
+        """Add the deliveries this connection's clients have not acknowledged
+        yet, per (vhost, queue), to ``into``."""
+
+
+class ClusterLink(Protocol):
+    """What the hub asks of the cluster member it belongs to (see cluster_node)."""
+
+    #: True while this member owns the cluster's accounting (decides flow).
+    owner: bool
+    #: The member's allowances (holds: ``book.held``, ``book.flowed``).
+    book: MemberBook
+
+    def kick(self) -> None: ...
+
+    def flow_changed(self, key: QueueKey, stopped: bool) -> None: ...
+
+    def stops_changed(self) -> None: ...
+
+    def definitions_changed(self, vhost: str) -> None: ...
+
+    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None: ...
+
+
+_NO_HOLDS: set[QueueKey] = set()
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+_INF = float("inf")
+
+
+class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
+    """Shared state of the gateway; every method is synchronous and quick."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        sink: Callable[[Event], None],
+        routing: RoutingTable | None = None,
+        clock: Callable[[], dt.datetime] = _utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.routing = routing if routing is not None else RoutingTable()
+        self.depth = DepthTracker()
+        self._sink = sink
+        self._clock = clock
+        self._monotonic = monotonic
+        self._flows: dict[QueueKey, QueueFlow] = {}
+        # Queues whose machine is ON, kept by _observe (the only caller of a
+        # machine's observe); every blocking decision reads it.  While empty
+        # (and no administrator stop) the per-publish checks end at once.
+        self._stopped: set[QueueKey] = set()
+        # Queues OFF but at or above a resume threshold, kept by _observe too:
+        # with the ON ones, the queues whose depth the service polls often.
+        self._near: set[QueueKey] = set()
+        self._sources: dict[QueueKey, ThresholdsSource] = {}
+        self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
+        self._runtime: dict[QueueKey, Thresholds] = {}
+        self._connections: dict[int, Connection] = {}
+        self._next_connection = 0
+        self._upstream_cursor = 0
+        # Vhost-wide blocks set directly (tests, embedding); see set_vhost_blocked.
+        self._forced_vhosts: set[str] = set()
+        # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
+        self._admin_stops: dict[tuple[str | None, str | None], None] = {}
+        self._stores: dict[str, StoreQuota] = {}
+        # Per vhost: the last measured store size, and persistent bytes
+        # published through the gateway recently enough that the measurement
+        # may not show them yet (monotonic time, bytes) with their sum.
+        self._store_measured: dict[str, int] = {}
+        self._store_recent: dict[str, deque[tuple[float, int]]] = {}
+        self._store_recent_sum: dict[str, int] = {}
+        #: Called with a queue whose runtime thresholds went with the queue.
+        self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
+        #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
+        self.routing_version = 0
+        #: While set, new client connections are refused with 320 and this text.
+        self.ready_error: str | None = None
+        #: Called when changes become pending (set by the driver, which then
+        #: calls :meth:`take_changes` soon); None: nobody takes them.
+        self.on_change: Callable[[], None] | None = None
+        self._changes: Changes | None = None
+        #: True while nothing blocks any producer (see :meth:`_update_calm`).
+        self.calm = True
+        #: The cluster member this hub belongs to (None: a standalone gateway).
+        self.cluster: ClusterLink | None = None
+        # The cluster's holds (the same set objects for the hub's lifetime,
+        # so the predicates handed to engines read them as they change).
+        self._held: set[QueueKey] = _NO_HOLDS
+        self._flowed: set[QueueKey] = _NO_HOLDS
+        self._book: MemberBook | None = None
+        self._shared: dict[QueueKey, tuple[int, int, int]] = {}  # see AdminViewsMixin
+
+    def join_cluster(self, cluster: ClusterLink) -> None:
+        """Make this hub a cluster member's: the owner decides every queue's
+        flow, and completions need the member's allowance."""
+        self.cluster = cluster
+        self._book = cluster.book
+        self._held = cluster.book.held
+        self._flowed = cluster.book.flowed
+
+    # -- connections ---------------------------------------------------------
+
+    def register(self, connection: Connection) -> None:
+        """Add a relay to the set that is refreshed on unblock."""
+        self._connections[connection.number] = connection
+
+    def unregister(self, connection: Connection) -> None:
+        """Remove a relay (its connection ended)."""
+        self._connections.pop(connection.number, None)
+
+    def upstream_nodes(self) -> list[tuple[str, int]]:
+        """The RabbitMQ nodes to try for a new connection, in order: each
+        connection starts from the next one (round robin)."""
+        nodes = self.config.upstream_addresses
+        start = self._upstream_cursor % len(nodes)
+        self._upstream_cursor += 1
+        return nodes[start:] + nodes[:start]
+
+    def next_connection_number(self) -> int:
+        """The gateway's own connection counter, as printed in ``con:N``."""
+        self._next_connection += 1
+        return self._next_connection
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Live relays."""
+        return list(self._connections.values())
+
+    def unacked_deliveries(self) -> dict[QueueKey, int]:
+        """Deliveries relayed to clients and not acknowledged yet, per queue."""
+        counts: dict[QueueKey, int] = {}
+        for connection in self._connections.values():
+            connection.count_unacked(counts)
+        return counts
+
+    def route(self, vhost: str, exchange: str, key: str, headers: Any) -> Route:
+        """The queues a publish is enqueued on (empty when the mirror cannot tell)."""
+        try:
+            route = self.routing.route(vhost, exchange, key, headers)
+        except (RoutingError, FrameError):
+            return frozenset()
+        if not route and exchange == "" and self.cluster is not None and key:
+            # Perhaps a queue declared through another member that this one
+            # has not learnt yet: account for it (the owner knows, or finds out).
+            return frozenset((key,))
+        return route
+
+    def confirmed(
+        self, vhost: str, request: int, args: list[object], reply: Any, last_queue: str
+    ) -> None:
+        """RabbitMQ confirmed a client's request: follow it in the routing mirror."""
+        mirror.apply(self, vhost, request, args, reply, last_queue=last_queue)
+        if self.cluster is not None:
+            self.cluster.definitions_changed(vhost)
+
+    def emit(self, event: Event) -> None:
+        """Send an event to the sink (console and event log)."""
+        self._sink(event)
+
+    def now(self) -> dt.datetime:
+        """Wall-clock time for event timestamps."""
+        return self._clock()
+
+    def monotonic(self) -> float:
+        """Monotonic seconds for durations (settle times, flow enforcement)."""
+        return self._monotonic()
+
+    # -- thresholds ----------------------------------------------------------
+
+    def _pct(self) -> tuple[int, int]:
+        return (
+            self.config.default_flow_stop_threshold,
+            self.config.default_flow_resume_threshold,
+        )
+
+    def validate_declare(self, arguments: Mapping[str, object] | None) -> None:
+        """Check ``qpid.flow_*`` declare arguments.
+
+        Raises:
+            ThresholdError: a bad value; the message names the argument.
+        """
+        stop_pct, resume_pct = self._pct()
+        thresholds_from_arguments(arguments, stop_pct=stop_pct, resume_pct=resume_pct)
+
+    def _compute(self, key: QueueKey) -> tuple[Thresholds, ThresholdsSource]:
+        arguments, policy = self._queue_args.get(key, ({}, {}))
+        stop_pct, resume_pct = self._pct()
+        runtime = self._runtime.get(key)
+        if runtime is not None and not is_stream(arguments):
+            # Stored by an older gateway, a resume of 0 may still be there.
+            return with_derived_resume(runtime, stop_pct=stop_pct, resume_pct=resume_pct), "runtime"
+        try:
+            explicit = thresholds_from_arguments(
+                arguments, stop_pct=stop_pct, resume_pct=resume_pct
+            )
+        except ThresholdError:
+            explicit = None  # declared directly at RabbitMQ with bad values
+        if explicit is not None:
+            return explicit, "arguments"
+        default = default_thresholds(
+            arguments,
+            policy,
+            stop_pct=stop_pct,
+            resume_pct=resume_pct,
+            default_queue_limit=self.config.default_queue_limit,
+        )
+        if default is not None:
+            return default, "default"
+        return DISABLED, "none"
+
+    def flow(self, key: QueueKey) -> QueueFlow:
+        """The queue's machine, created (with its thresholds) on first use."""
+        machine = self._flows.get(key)
+        if machine is None:
+            thresholds, source = self._compute(key)
+            machine = self._flows[key] = QueueFlow(key[0], key[1], thresholds)
+            self._sources[key] = source
+        return machine
+
+    def _rethreshold(self, key: QueueKey) -> None:
+        machine = self.flow(key)
+        machine.thresholds, self._sources[key] = self._compute(key)
+        self._observe(key)
+
+    def knows_queue(self, vhost: str, name: str) -> bool:
+        """True when the queue was declared through the gateway or seen in a snapshot."""
+        key = (vhost, name)
+        return key in self._queue_args or key in self.depth
+
+    def queue_declared(
+        self,
+        vhost: str,
+        name: str,
+        arguments: Mapping[str, object] | None,
+        policy: Mapping[str, object] | None = None,
+    ) -> None:
+        """RabbitMQ confirmed a declare (or a snapshot listed the queue)."""
+        key = (vhost, name)
+        old_policy = self._queue_args.get(key, ({}, {}))[1]
+        self._queue_args[key] = (dict(arguments or {}), dict(policy or old_policy))
+        self.depth.get(key)
+        self._rethreshold(key)
+
+    def queue_seen(
+        self,
+        vhost: str,
+        name: str,
+        arguments: Mapping[str, object] | None,
+        policy: Mapping[str, object] | None,
+    ) -> None:
+        """A management snapshot listed the queue; update it only if it changed."""
+        key = (vhost, name)
+        new = (dict(arguments or {}), dict(policy or {}))
+        if self._queue_args.get(key) == new:
+            return
+        self._queue_args[key] = new
+        self.depth.get(key)
+        self._rethreshold(key)
+
+    def queue_deleted(self, vhost: str, name: str) -> None:
+        """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
+        key = (vhost, name)
+        self._queue_args.pop(key, None)
+        if self._runtime.pop(key, None) is not None:
+            self.runtime_forgotten(key)
+        self.depth.forget(key)
+        machine = self._flows.pop(key, None)
+        self._sources.pop(key, None)
+        self._shared.pop(key, None)
+        self._stopped.discard(key)
+        self._near.discard(key)
+        if machine is not None and machine.stopped:
+            self.wake(vhost)
+
+    def set_runtime_thresholds(
+        self, vhost: str, name: str, changes: Mapping[str, object]
+    ) -> Thresholds:
+        """Apply admin-API threshold changes (camelCase keys, any subset).
+
+        A stop value given without its resume value keeps the old resume
+        value when it still fits, else derives it from the broker ratio; a
+        resume value of 0 beside a non-zero stop value is derived likewise
+        (:func:`~rabbitflow_broker.engine.flow.with_derived_resume`).
+
+        Raises:
+            ThresholdError: unknown key, bad value, or any threshold on a
+                stream, naming it.
+        """
+        names = {
+            "flowStopCount": "stop_count",
+            "flowResumeCount": "resume_count",
+            "flowStopSize": "stop_size",
+            "flowResumeSize": "resume_size",
+        }
+        for key_name in changes:
+            if key_name not in names:
+                raise ThresholdError(key_name, "unknown threshold")
+        key = (vhost, name)
+        if is_stream(self._queue_args.get(key, ({}, {}))[0]):
+            raise ThresholdError(
+                next(iter(changes), "flowStopCount"),
+                f"queue {name!r} is a stream: flow thresholds do not apply to streams "
+                "(consuming removes nothing from a stream, so its producers could never resume)",
+            )
+        current = self.flow(key).thresholds
+        values = {
+            "stop_count": current.stop_count,
+            "resume_count": current.resume_count,
+            "stop_size": current.stop_size,
+            "resume_size": current.resume_size,
+        }
+        for key_name, attribute in names.items():
+            if key_name in changes:
+                values[attribute] = check_value(key_name, changes[key_name])
+        stop_pct, resume_pct = self._pct()
+        for stop_field, resume_field, resume_key in (
+            ("stop_count", "resume_count", "flowResumeCount"),
+            ("stop_size", "resume_size", "flowResumeSize"),
+        ):
+            stop = values[stop_field]
+            if resume_key not in changes and isinstance(stop, int) and not isinstance(stop, bool):
+                if stop == 0:
+                    values[resume_field] = 0
+                elif values[resume_field] > stop:
+                    values[resume_field] = derived_resume(
+                        stop, stop_pct=stop_pct, resume_pct=resume_pct
+                    )
+        try:
+            thresholds = with_derived_resume(
+                Thresholds(**values), stop_pct=stop_pct, resume_pct=resume_pct
+            )
+        except ThresholdError as exc:
+            camel = {
+                "qpid.flow_stop_count": "flowStopCount",
+                "qpid.flow_resume_count": "flowResumeCount",
+                "qpid.flow_stop_size": "flowStopSize",
+                "qpid.flow_resume_size": "flowResumeSize",
+            }
+            raise ThresholdError(camel.get(exc.argument, exc.argument), exc.reason) from None
+        self._runtime[key] = thresholds
+        self._rethreshold(key)
+        if self.cluster is not None:
+            self.cluster.thresholds_changed(key, thresholds)
+        return thresholds
+
+    def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
+        """Install thresholds kept across restarts."""
+        for key, thresholds in stored.items():
+            self._runtime[key] = thresholds
+            if key in self._flows:
+                self._rethreshold(key)
+
+    def runtime_thresholds(self, vhost: str, name: str) -> Thresholds | None:
+        """The thresholds set at run time for a queue, if any."""
+        return self._runtime.get((vhost, name))
+
+    # -- blocking ------------------------------------------------------------
+
+    def vhost_blocked(self, vhost: str) -> bool:
+        """True while every producer of the vhost is blocked (store quota, admin stop)."""
+        stops = self._admin_stops
+        if stops and ((None, None) in stops or (vhost, None) in stops):
+            return True
+        if self._forced_vhosts and vhost in self._forced_vhosts:
+            return True
+        store = self._stores.get(vhost)
+        return store is not None and store.state is StoreState.OVERFULL
+
+    def _queue_stopped(self, vhost: str, queue: str) -> bool:
+        stops = self._admin_stops
+        return bool(stops) and ((vhost, queue) in stops or (None, queue) in stops)
+
+    def is_blocked(self, vhost: str, queue: str) -> bool:
+        """True while publishes to the queue must not complete."""
+        key = (vhost, queue)
+        return (
+            key in self._stopped
+            or key in self._held
+            or self.vhost_blocked(vhost)
+            or self._queue_stopped(vhost, queue)
+        )
+
+    def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
+        """A predicate for :class:`~rabbitflow_broker.engine.confirms.ConfirmTracker`."""
+        if self.vhost_blocked(vhost):
+            return lambda route: True
+        on = self._stopped
+        held = self._held
+        stops = self._admin_stops
+        stopped = self._queue_stopped
+
+        def blocked(route: Route) -> bool:
+            if not on and not stops and not held:
+                return False
+            return any(
+                (vhost, queue) in on or (vhost, queue) in held or stopped(vhost, queue)
+                for queue in route
+            )
+
+        return blocked
+
+    def blockers(self, vhost: str, route: Route) -> list[str]:
+        """What blocks a publish on this route, in the order CHN-1005 names them.
+
+        ``** All Queues **`` first when the whole vhost is blocked, then the
+        route's overfull or administratively stopped queues by name; empty
+        when nothing blocks.
+        """
+        found = [ALL_QUEUES] if self.vhost_blocked(vhost) else []
+        on = self._stopped
+        flowed = self._flowed
+        for queue in sorted(route):
+            key = (vhost, queue)
+            if key in on or key in flowed or self._queue_stopped(vhost, queue):
+                found.append(queue)
+        return found
+
+    def blocker_active(self, vhost: str, blocker: str) -> bool:
+        """Whether a channel's recorded blocker still holds."""
+        if blocker == ALL_QUEUES:
+            return self.vhost_blocked(vhost)
+        return self.is_blocked(vhost, blocker)
+
+    def set_vhost_blocked(self, vhost: str, blocked: bool) -> None:
+        """Block or free every producer of a vhost, independently of quota and admin stops."""
+        if blocked:
+            self._forced_vhosts.add(vhost)
+        else:
+            self._forced_vhosts.discard(vhost)
+        self.wake(vhost)
+
+    # -- administrator stops -----------------------------------------------
+
+    def stop_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
+        """Block producers like an overfull queue until :meth:`start_producers`.
+
+        No argument: every vhost; ``vhost``: every queue of it (CHN-1005
+        names ``** All Queues **``); ``queue``: publishes routed to that
+        queue (in ``vhost``, or in every vhost when ``vhost`` is None;
+        CHN-1005 names the queue).  Stopping twice is the same as once.
+        """
+        self._admin_stops[(vhost, queue)] = None
+        self.wake(vhost)
+        if self.cluster is not None:
+            self.cluster.stops_changed()
+
+    def start_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
+        """Lift the administrator stop with exactly these arguments (others stay).
+
+        Starting what was not stopped does nothing.
+        """
+        if self._admin_stops.pop((vhost, queue), 0) is None:
+            self.wake(vhost)
+            if self.cluster is not None:
+                self.cluster.stops_changed()
+
+    def replace_admin_stops(self, stops: list[tuple[str | None, str | None]]) -> None:
+        """Take the cluster's administrator stops as they are (no broadcast)."""
+        if list(self._admin_stops) == stops:
+            return
+        self._admin_stops = dict.fromkeys(stops)
+        self.wake(None)
+
+    def admin_stops(self) -> list[dict[str, str | None]]:
+        """Current administrator stops, oldest first."""
+        return [{"vhost": vhost, "queue": queue} for vhost, queue in self._admin_stops]
+
+    def wake(self, vhost: str | None) -> None:
+        """Blocking changed in ``vhost`` (None: every vhost): connections
+        there must re-check what they hold and which channels they flow."""
+        self._update_calm()
+        changes = self._pending()
+        if changes is not None:
+            changes.vhosts.add(vhost)
+
+    def _update_calm(self) -> None:
+        """Renew :attr:`calm` after any change to what blocks producers (every
+        such change passes here: through :meth:`wake` or :meth:`_observe`)."""
+        self.calm = not (
+            self._stopped
+            or self._held
+            or self._admin_stops
+            or self._forced_vhosts
+            or any(store.state is StoreState.OVERFULL for store in self._stores.values())
+        )
+
+    def _pending(self) -> Changes | None:
+        """The changes to add to (None while no driver takes them)."""
+        if self.on_change is None:
+            return None
+        changes = self._changes
+        if changes is None:
+            changes = self._changes = Changes()
+            self.on_change()
+        return changes
+
+    def take_changes(self) -> Changes | None:
+        """What changed since the last call (None: nothing)."""
+        changes, self._changes = self._changes, None
+        return changes
+
+    # -- depth ---------------------------------------------------------------
+
+    def _observe(self, key: QueueKey) -> None:
+        """Feed the queue's depth to its threshold machine, then set the
+        depth's quiet window (see :class:`~rabbitflow_broker.engine.depth.QueueDepth`)
+        so that publishes and removals that cannot change the state skip it."""
+        machine = self.flow(key)
+        depth = self.depth.get(key)
+        event = machine.observe(depth.messages, depth.bytes, self._clock())
+        t = machine.thresholds
+        cluster = self.cluster
+        decides = cluster is None or cluster.owner
+        if machine.stopped:
+            if decides:
+                self._stopped.add(key)
+                self.calm = False
+            depth.hi_messages = depth.hi_bytes = _INF  # publishes keep it ON
+            depth.lo_messages = float(t.resume_count) if t.stop_count else _INF
+            depth.lo_bytes = float(t.resume_size) if t.stop_size else _INF
+        else:
+            if decides:
+                self._stopped.discard(key)
+            near_count = float(max(t.resume_count, 1)) if t.stop_count else _INF
+            near_size = float(max(t.resume_size, 1)) if t.stop_size else _INF
+            if depth.messages >= near_count or depth.bytes >= near_size:
+                # Near its stop: polled often; a removal under resume leaves.
+                self._near.add(key)
+                depth.hi_messages = float(t.stop_count or _INF)
+                depth.hi_bytes = float(t.stop_size or _INF)
+                depth.lo_messages, depth.lo_bytes = near_count, near_size
+            else:
+                self._near.discard(key)
+                # A publish reaching a resume threshold makes it near.
+                depth.hi_messages = near_count - 1 if t.stop_count else _INF
+                depth.hi_bytes = near_size - 1 if t.stop_size else _INF
+                depth.lo_messages = depth.lo_bytes = -1.0  # removals keep it OFF
+        if event is None or not decides:
+            return  # a cluster member that does not own the accounting: the owner decides
+        self._sink(event)
+        if not machine.stopped:  # QUE-1004: the vhost's producers may go on
+            self.wake(key[0])
+        changes = self._pending()
+        if changes is not None:
+            (changes.went_on if machine.stopped else changes.went_off).add(key)
+        if cluster is not None:
+            cluster.flow_changed(key, machine.stopped)
+
+    # -- cluster -------------------------------------------------------------
+
+    def set_cluster_flow(self, on: set[QueueKey]) -> None:
+        """The owner's ON queues (a member that does not own the accounting):
+        they block as overfull queues do here; the others are freed."""
+        went_on = on - self._stopped
+        went_off = self._stopped - on
+        if not went_on and not went_off:
+            return
+        for key in went_on:
+            self.flow(key).force(FlowState.ON, self._clock())
+            self._stopped.add(key)
+        for key in went_off:
+            machine = self._flows.get(key)
+            if machine is not None:
+                machine.force(FlowState.OFF, self._clock())
+            self._stopped.discard(key)
+        self._update_calm()
+        changes = self._pending()
+        if changes is not None:
+            changes.went_on.update(went_on)
+            changes.went_off.update(went_off)
+            changes.vhosts.update(key[0] for key in went_on | went_off)
+
+    def take_ownership(self) -> None:
+        """This member now owns the accounting: its machines start from the
+        cluster's state as last broadcast, then judge the depth they see."""
+        self._shared.clear()
+        for key in list(self._flows):
+            self._observe(key)
+
+    def holds_changed(self, vhosts: set[str]) -> None:
+        """The cluster's holds changed in these vhosts: re-check what is held."""
+        self._update_calm()
+        changes = self._pending()
+        if changes is not None:
+            changes.vhosts.update(vhosts)
+
+    def shared_depths(self, shared: dict[QueueKey, tuple[int, int, int]] | None) -> None:
+        """The owner's depth and flowStoppedCount of these queues, for the admin
+        API (a member); None: the owner cannot be heard, show this hub's own."""
+        if shared is None:
+            self._shared.clear()
+        self._shared.update(shared or {})
+
+    def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
+        """Owner: other members enqueued (positive) or removed (negative)
+        messages of the queue."""
+        if not messages and not size:
+            return
+        depth = self.depth.add(key, messages, size, self._monotonic())
+        if (
+            depth.messages > depth.hi_messages
+            or depth.bytes > depth.hi_bytes
+            or (depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes)
+        ):
+            self._observe(key)
+
+    def published(self, vhost: str, route: Route, size: int) -> None:
+        """A publish routed to ``route`` was relayed (or a transaction committed)."""
+        now = self._monotonic()
+        tracker = self.depth
+        for queue in route:
+            key = (vhost, queue)
+            depth = tracker.add(key, 1, size, now)
+            if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
+                self._observe(key)
+        book = self._book
+        if book is not None:
+            flags = book.published(vhost, route, size, now)
+            if flags:
+                if flags & NEW_HOLD:
+                    self.calm = False
+                cluster = self.cluster
+                assert cluster is not None
+                cluster.kick()
+
+    def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
+        """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
+        key = (vhost, queue)
+        depth = self.depth.add(key, -messages, -size, self._monotonic())
+        if depth.messages < depth.lo_messages and depth.bytes < depth.lo_bytes:
+            self._observe(key)
+        if self._book is not None:  # the book directly: this is per ack
+            self._book.removed(key, messages, size)
+
+    def purged(self, vhost: str, queue: str, count: int) -> None:
+        """RabbitMQ purged ``count`` ready messages."""
+        key = (vhost, queue)
+        self.depth.purge(key, count, self._monotonic())
+        self._observe(key)
+
+    def reconcile(
+        self,
+        vhost: str,
+        queue: str,
+        *,
+        messages: int,
+        size: int | None,
+        seen_version: int,
+        settle: float,
+    ) -> None:
+        """Adopt RabbitMQ's count for a queue the gateway left alone meanwhile."""
+        key = (vhost, queue)
+        if self.depth.reconcile(
+            key,
+            messages=messages,
+            size=size,
+            seen_version=seen_version,
+            now=self._monotonic(),
+            settle=settle,
+        ):
+            self._observe(key)

@@ -1,0 +1,1 @@
+"""The asyncio side: listeners, relays, background loops, RabbitMQ clients."""
