@@ -48,9 +48,9 @@ from pamqp.body import ContentBody
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine.connection import Engine
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 
 QUEUE = "bench"

@@ -24,7 +24,8 @@ import pika
 import pytest
 
 from integration.conftest import Broker
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.admin.api import create_app
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.server.service import GatewayService
 
 T = TypeVar("T")
@@ -81,7 +82,7 @@ class RunningGateway:
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(loop, ready), daemon=True)
         self._thread.start()
-        service = GatewayService(config)
+        service = GatewayService(config, admin_app=create_app)
         self.service = service
         future = asyncio.run_coroutine_threadsafe(service.start(), loop)
         future.result(timeout=30)

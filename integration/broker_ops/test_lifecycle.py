@@ -17,7 +17,8 @@ import pytest_asyncio
 
 from integration.broker.conftest import RunningGateway
 from integration.conftest import Broker
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.admin.api import create_app
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.server.service import GatewayService
 
 
@@ -75,7 +76,7 @@ async def test_listener_serves_within_a_second_when_the_management_api_never_ans
         management_url=silent_management,
         state_file=str(tmp_path / "state.json"),
     )
-    service = GatewayService(config)
+    service = GatewayService(config, admin_app=create_app)
     try:
         await asyncio.wait_for(service.start(), timeout=1.0)
         outcome = await asyncio.to_thread(_connect_outcome, service.port)

@@ -11,8 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rabbitflow_broker.admin.api import Authenticator, create_app
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import BlockedChannel
 from rabbitflow_broker.server.service import EventSink, GatewayService
 

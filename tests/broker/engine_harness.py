@@ -11,10 +11,10 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine.connection import Actions, Engine, EngineSettings
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from tests.broker.frame_reader import FrameReader, decode_method
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
 from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

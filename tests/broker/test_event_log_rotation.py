@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rabbitflow_broker.cli.config import ConfigError, GatewayConfig
 from rabbitflow_broker.events import QueueOverfull
+from rabbitflow_broker.hub.config import ConfigError, GatewayConfig
 from rabbitflow_broker.server.service_io import EventSink
 
 T0 = dt.datetime(2026, 11, 22, 5, 0, 0, tzinfo=dt.UTC)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.flow import ARGUMENT_NAMES, ThresholdError, Thresholds
 from rabbitflow_broker.events import ALL_QUEUES, Event, QueueOverfull, QueueUnderfull
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

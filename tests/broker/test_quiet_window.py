@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.flow import QueueFlow
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

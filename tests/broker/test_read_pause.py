@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from pamqp import commands
 
-from rabbitflow_broker.cli.config import ConfigError, GatewayConfig
+from rabbitflow_broker.hub.config import ConfigError, GatewayConfig
 from rabbitflow_broker.server.read_pause import OFF, PIPELINED, ReadPause
 from rabbitflow_broker.server.relay_pump import Pump
 from tests.broker.engine_harness import deliver, method, methods, publish, wire

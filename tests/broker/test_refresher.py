@@ -7,7 +7,7 @@ import datetime as dt
 
 import pytest
 
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.refresher import Refresher
 from tests.broker.fakes import IdleConnection

@@ -23,8 +23,8 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.relay import Relay
 from tests.broker.fakes import connected_relay, wait_until

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine.connection import Engine, EngineSettings
 from rabbitflow_broker.engine.ports import VIEW_MIN, Actions, Chunk, Out
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.read_pause import ReadPause
 from rabbitflow_broker.server.relay_pump import Pump

@@ -6,8 +6,8 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.events import ALL_QUEUES, Event, StoreOverfull, StoreUnderfull
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from tests.broker.fakes import IdleConnection
 

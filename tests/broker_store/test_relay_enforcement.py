@@ -15,9 +15,9 @@ from pamqp import header as pamqp_header
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.amqp import FRAME_BODY, PROTOCOL_HEADER
 from rabbitflow_broker.events import ChannelFlowIgnored, Event
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.relay import PAUSE_MESSAGES
 from tests.broker.fakes import FakeTransport, RefreshWatch, connected_relay, wait_until

@@ -11,7 +11,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_pipeline.batch import TABLES, analyze
 from rabbitflow_pipeline.cli import main

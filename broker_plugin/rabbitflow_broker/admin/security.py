@@ -24,7 +24,7 @@ import structlog
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.cli.config import GatewayConfig
+    from rabbitflow_broker.hub.config import GatewayConfig
 
 __all__ = [
     "ANONYMOUS",

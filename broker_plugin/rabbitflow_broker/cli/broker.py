@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from rabbitflow_broker.admin.api import create_app
 from rabbitflow_broker.cli.config import ConfigError, GatewayConfig, load_config
 from rabbitflow_broker.cli.workers import Supervisor, worker_index
 from rabbitflow_broker.server.gc_policy import CollectorPolicy
@@ -59,7 +60,7 @@ async def serve(config: GatewayConfig) -> None:
     Raises:
         OSError: a listen address cannot be bound.
     """
-    service = GatewayService(config)
+    service = GatewayService(config, admin_app=create_app)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.admin.api import create_app
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.server.service import EventSink, GatewayService
 
 __all__ = ["ProducerStats"]
@@ -51,7 +52,7 @@ class _InProcessGateway:
             upstream=upstream,
             management_url=management_url,
         )
-        self.service = GatewayService(self.config, sink=sink)
+        self.service = GatewayService(self.config, sink=sink, admin_app=create_app)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import structlog
 
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.config import GatewayConfig
 
 __all__ = [
     "WORKER_ENV",

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine import mirror
 from rabbitflow_broker.engine.cluster_book import NEW_HOLD, MemberBook
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
@@ -52,6 +51,7 @@ from rabbitflow_broker.engine.ports import Hub
 from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
 from rabbitflow_broker.engine.store import StoreQuota, StoreState
 from rabbitflow_broker.events import ALL_QUEUES, Event
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.store_quota import StoreQuotaMixin
 from rabbitflow_broker.hub.views import AdminViewsMixin, BlockedChannel, QueueSnapshot
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from mypy_extensions import trait
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.store import StoreQuota, StoreSnapshot, StoreSource
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import GatewayConfig
 
 __all__ = ["StoreQuotaMixin"]
 

@@ -39,7 +39,7 @@ from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.server.cluster_bus import BusError, ControlBus
 
 if TYPE_CHECKING:
-    from rabbitflow_broker.cli.config import GatewayConfig
+    from rabbitflow_broker.hub.config import GatewayConfig
     from rabbitflow_broker.hub.gateway import Gateway
 
 __all__ = ["ClusterNode", "member_id"]

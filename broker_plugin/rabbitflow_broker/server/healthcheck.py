@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from rabbitflow_broker.cli.config import ConfigError, parse_host_port
+from rabbitflow_broker.hub.config import ConfigError, parse_host_port
 from rabbitflow_broker.server.rabbitmq_node import amqp_handshake_ok
 
 __all__ = ["main", "probe_address"]

@@ -27,10 +27,28 @@ import aiohttp
 
 from rabbitflow_broker.engine.errors import OutsideError
 
-__all__ = ["ManagementClient", "ManagementError", "QueueStatistics"]
+__all__ = [
+    "ManagementClient",
+    "ManagementError",
+    "QueueStatistics",
+    "item_arguments",
+    "item_policy",
+]
 
 _Items = list[Mapping[str, Any]]
 _TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+
+def item_policy(item: Mapping[str, Any]) -> Mapping[str, object]:
+    """A listed queue's effective policy definition ({} when none)."""
+    policy = item.get("effective_policy_definition")
+    return policy if isinstance(policy, Mapping) else {}
+
+
+def item_arguments(item: Mapping[str, Any]) -> Mapping[str, object]:
+    """A listed queue's declare arguments ({} when none)."""
+    arguments = item.get("arguments")
+    return arguments if isinstance(arguments, Mapping) else {}
 
 
 class QueueStatistics(NamedTuple):

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
@@ -31,16 +31,21 @@ import tenacity
 from aiohttp import web
 
 from rabbitflow_broker import accel
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
 from rabbitflow_broker.engine.store import StoreSource
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.depth_sources import DepthSources, queue_type
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.cluster_node import ClusterNode
 from rabbitflow_broker.server.depth_poller import DepthPoll, PassiveDeclarer
 from rabbitflow_broker.server.gc_policy import CollectorPolicy
-from rabbitflow_broker.server.management import ManagementClient, ManagementError
+from rabbitflow_broker.server.management import (
+    ManagementClient,
+    ManagementError,
+    item_arguments,
+    item_policy,
+)
 from rabbitflow_broker.server.outage import OUTAGE_REMINDER_S, OutageLog
 from rabbitflow_broker.server.persistence import (
     FileThresholdStore,
@@ -81,21 +86,19 @@ STARTUP_GRACE_S = 0.5
 _STOP_STEP_S = 5.0
 
 
-def _policy(item: Mapping[str, Any]) -> Mapping[str, object]:
-    policy = item.get("effective_policy_definition")
-    return policy if isinstance(policy, Mapping) else {}
-
-
-def _arguments(item: Mapping[str, Any]) -> Mapping[str, object]:
-    arguments = item.get("arguments")
-    return arguments if isinstance(arguments, Mapping) else {}
-
-
 class GatewayService:
     """Start with ``await start()``, stop with ``await stop()``."""
 
-    def __init__(self, config: GatewayConfig, *, sink: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        sink: EventSink | None = None,
+        admin_app: Callable[[GatewayService], web.Application] | None = None,
+    ) -> None:
+        """``admin_app``: the admin API (:func:`~rabbitflow_broker.admin.api.create_app`)."""
         self.config = config
+        self._admin_app = admin_app
         self.sink = (
             sink
             if sink is not None
@@ -191,21 +194,22 @@ class GatewayService:
             self._tls_server = await self._listen(*tls_address, self._tls_context)
             self.tls_port = self._tls_server.sockets[0].getsockname()[1]
             listening["listen_tls"] = f"{tls_address[0]}:{self.tls_port}"
-        from rabbitflow_broker.admin.api import create_app
+        if self._admin_app is not None:
+            listening["admin"] = await self._serve_admin(self._admin_app)
+        _log.info(
+            "gateway listening", **listening, upstream="{}:{}".format(*self.config.upstream_address)
+        )
 
-        self._admin = web.AppRunner(create_app(self), access_log=None)
+    async def _serve_admin(self, admin_app: Callable[[GatewayService], web.Application]) -> str:
+        """Serve the admin API on ``--admin-listen``; its ``HOST:PORT``."""
+        self._admin = web.AppRunner(admin_app(self), access_log=None)
         await self._admin.setup()
         admin_host, admin_port = self.config.admin_address
         site = web.TCPSite(self._admin, admin_host, admin_port)
         await site.start()
         addresses = self._admin.addresses
         self.admin_port = int(addresses[0][1]) if addresses else admin_port
-        _log.info(
-            "gateway listening",
-            **listening,
-            upstream="{}:{}".format(*self.config.upstream_address),
-            admin=f"{admin_host}:{self.admin_port}",
-        )
+        return f"{admin_host}:{self.admin_port}"
 
     async def _become_ready(self) -> None:
         """Load stored state and the first snapshot (retrying), then start the loops."""
@@ -460,7 +464,7 @@ class GatewayService:
             self.gateway.routing.replace(table)
         for item in queues:
             self.gateway.queue_seen(
-                str(item["vhost"]), str(item["name"]), _arguments(item), _policy(item)
+                str(item["vhost"]), str(item["name"]), item_arguments(item), item_policy(item)
             )
         return True
 
@@ -487,14 +491,14 @@ class GatewayService:
             key = (str(item["vhost"]), str(item["name"]))
             seen.add(key)
             if not gateway.knows_queue(*key):
-                gateway.queue_seen(key[0], key[1], _arguments(item), _policy(item))
+                gateway.queue_seen(key[0], key[1], item_arguments(item), item_policy(item))
                 if not gateway.routing.has_queue(*key):
-                    gateway.routing.declare_queue(key[0], key[1], _arguments(item))
+                    gateway.routing.declare_queue(key[0], key[1], item_arguments(item))
             seen_version = versions.get(key, gateway.depth.version(key))
             listed = stats.get(key)
             readings = self.depth_sources.readings(
                 key,
-                queue_type(_arguments(item), item.get("type")),
+                queue_type(item_arguments(item), item.get("type")),
                 totals=item.get("messages"),
                 stats=None if listed is None else (listed.messages, listed.size),
                 seen_version=seen_version,

@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import structlog
 
-from rabbitflow_broker.cli.config import GatewayConfig
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import GatewayConfig
 
 __all__ = [
     "DescriptorWatch",
