@@ -62,6 +62,7 @@ MODULES: Final = (
     "engine.routing_match",
     "engine.state",
     "hub.gateway",
+    "hub.ports",
     "hub.store_quota",
     "hub.views",
     "server.read_pause",
@@ -136,9 +137,10 @@ def select() -> str:
     global _status
     recorded = recorded_digest()
     if recorded is None:
+        # Not built, or not completely (a module added since the build):
+        # the sources, even where an extension of an older build is left.
         _status = "pure Python (not built)"
-        return _status
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+    elif os.environ.get(PURE_ENV, "") not in ("", "0"):
         _status = f"pure Python ({PURE_ENV} is set)"
     elif recorded != digest():
         _status = (

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from rabbitflow_broker.engine import mirror
 from rabbitflow_broker.engine.cluster_book import NEW_HOLD, MemberBook
@@ -49,71 +47,22 @@ from rabbitflow_broker.engine.flow import (
 from rabbitflow_broker.engine.frames import FrameError
 from rabbitflow_broker.engine.ports import Hub
 from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
-from rabbitflow_broker.engine.store import StoreQuota, StoreState
+from rabbitflow_broker.engine.store import StoreSnapshot, StoreSource
 from rabbitflow_broker.events import ALL_QUEUES, Event
 from rabbitflow_broker.hub.config import GatewayConfig
-from rabbitflow_broker.hub.store_quota import StoreQuotaMixin
-from rabbitflow_broker.hub.views import AdminViewsMixin, BlockedChannel, QueueSnapshot
+from rabbitflow_broker.hub.ports import (
+    BlockedChannel,
+    Changes,
+    ClusterLink,
+    Connection,
+    QueueSnapshot,
+)
+from rabbitflow_broker.hub.store_quota import StoreQuotas
+from rabbitflow_broker.hub.views import AdminViewsMixin
 
-__all__ = ["BlockedChannel", "Changes", "Connection", "Gateway", "QueueSnapshot"]
+__all__ = ["BlockedChannel", "Changes", "ClusterLink", "Connection", "Gateway", "QueueSnapshot"]
 
 Route = frozenset[str]
-
-
-@dataclass(slots=True)
-class Changes:
-    """What changed in blocking since the driver last took the changes."""
-
-    #: Vhosts whose connections must re-check what they hold (None: every vhost).
-    vhosts: set[str | None] = field(default_factory=set)
-    #: Queues whose flow went ON, and OFF (a queue may be in both).
-    went_on: set[QueueKey] = field(default_factory=set)
-    went_off: set[QueueKey] = field(default_factory=set)
-
-    def concerns(self, vhost: str) -> bool:
-        """Whether a connection to ``vhost`` must re-check."""
-        return vhost in self.vhosts or None in self.vhosts
-
-
-class Connection(Protocol):
-    """What the gateway's admin views read from a relay (it never calls into one)."""
-
-    number: int
-
-    def held_confirms(self) -> int:
-        """Confirms (and commit-oks) currently held from the client."""
-
-    def blocked_channels(self) -> Iterable[BlockedChannel]:
-        """Channels of this connection currently flowed."""
-
-    def channel_count(self) -> int:
-        """Open channels."""
-
-    def describe_channels(self) -> Iterable[dict[str, Any]]:
-        """Admin API view of this connection's channels."""
-
-    def count_unacked(self, into: dict[QueueKey, int]) -> None:
-        """Add the deliveries this connection's clients have not acknowledged
-        yet, per (vhost, queue), to ``into``."""
-
-
-class ClusterLink(Protocol):
-    """What the hub asks of the cluster member it belongs to (see cluster_node)."""
-
-    #: True while this member owns the cluster's accounting (decides flow).
-    owner: bool
-    #: The member's allowances (holds: ``book.held``, ``book.flowed``).
-    book: MemberBook
-
-    def kick(self) -> None: ...
-
-    def flow_changed(self, key: QueueKey, stopped: bool) -> None: ...
-
-    def stops_changed(self) -> None: ...
-
-    def definitions_changed(self, vhost: str) -> None: ...
-
-    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None: ...
 
 
 _NO_HOLDS: set[QueueKey] = set()
@@ -126,7 +75,7 @@ def _utcnow() -> dt.datetime:
 _INF = float("inf")
 
 
-class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
+class Gateway(AdminViewsMixin, Hub):
     """Shared state of the gateway; every method is synchronous and quick."""
 
     def __init__(
@@ -162,13 +111,10 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
         self._forced_vhosts: set[str] = set()
         # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
         self._admin_stops: dict[tuple[str | None, str | None], None] = {}
-        self._stores: dict[str, StoreQuota] = {}
-        # Per vhost: the last measured store size, and persistent bytes
-        # published through the gateway recently enough that the measurement
-        # may not show them yet (monotonic time, bytes) with their sum.
-        self._store_measured: dict[str, int] = {}
-        self._store_recent: dict[str, deque[tuple[float, int]]] = {}
-        self._store_recent_sum: dict[str, int] = {}
+        #: The store quota of every vhost (an overfull one blocks the vhost).
+        self.store_quotas = StoreQuotas(
+            config, sink=sink, clock=clock, monotonic=monotonic, wake=self.wake
+        )
         #: Called with a queue whose runtime thresholds went with the queue.
         self.runtime_forgotten: Callable[[QueueKey], None] = lambda key: None
         #: Bumped by every routing change relayed, so a stale snapshot is not swapped in.
@@ -463,8 +409,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             return True
         if self._forced_vhosts and vhost in self._forced_vhosts:
             return True
-        store = self._stores.get(vhost)
-        return store is not None and store.state is StoreState.OVERFULL
+        return vhost in self.store_quotas.overfull
 
     def _queue_stopped(self, vhost: str, queue: str) -> bool:
         stops = self._admin_stops
@@ -529,6 +474,25 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             self._forced_vhosts.discard(vhost)
         self.wake(vhost)
 
+    # -- store quota (see StoreQuotas) ---------------------------------------
+
+    @property
+    def store_quota_on(self) -> bool:
+        """True when ``--store-overfull-size`` is set."""
+        return self.store_quotas.on
+
+    def observe_store(self, vhost: str, size: int, source: StoreSource) -> None:
+        """A measured store size for a vhost (see :meth:`StoreQuotas.observe`)."""
+        self.store_quotas.observe(vhost, size, source)
+
+    def persistent_published(self, vhost: str, size: int) -> None:
+        """Persistent bytes just relayed to a vhost (the store quota counts them)."""
+        self.store_quotas.persistent_published(vhost, size)
+
+    def store_snapshots(self) -> list[StoreSnapshot]:
+        """Every vhost's store quota, by vhost name."""
+        return self.store_quotas.snapshots()
+
     # -- administrator stops -----------------------------------------------
 
     def stop_producers(self, *, vhost: str | None = None, queue: str | None = None) -> None:
@@ -581,7 +545,7 @@ class Gateway(StoreQuotaMixin, AdminViewsMixin, Hub):
             or self._held
             or self._admin_stops
             or self._forced_vhosts
-            or any(store.state is StoreState.OVERFULL for store in self._stores.values())
+            or self.store_quotas.overfull
         )
 
     def _pending(self) -> Changes | None:

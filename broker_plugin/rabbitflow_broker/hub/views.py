@@ -1,7 +1,8 @@
 """What the admin API and metrics see of the gateway (read-only views).
 
-:class:`BlockedChannel` and :class:`QueueSnapshot` are the admin API's
-shapes; :class:`AdminViewsMixin` builds them (and the other read-only
+:class:`AdminViewsMixin` builds the admin API's shapes
+(:class:`~rabbitflow_broker.hub.ports.BlockedChannel`,
+:class:`~rabbitflow_broker.hub.ports.QueueSnapshot`) (and the other read-only
 summaries) for :class:`~rabbitflow_broker.hub.gateway.Gateway` from its state,
 which it never changes.
 """
@@ -10,73 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import trait
 
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
-from rabbitflow_broker.engine.flow import QueueFlow, Thresholds, ThresholdsSource
+from rabbitflow_broker.engine.flow import QueueFlow, ThresholdsSource
 from rabbitflow_broker.events import ALL_QUEUES
+from rabbitflow_broker.hub.ports import BlockedChannel, ClusterLink, Connection, QueueSnapshot
 
-if TYPE_CHECKING:
-    from rabbitflow_broker.hub.gateway import ClusterLink, Connection
-
-__all__ = ["AdminViewsMixin", "BlockedChannel", "QueueSnapshot"]
-
-
-@dataclass(frozen=True, slots=True)
-class BlockedChannel:
-    """A client channel currently sent ``Channel.Flow(active=false)``."""
-
-    connection: int
-    channel: int
-    user: str
-    remote: str
-    vhost: str
-    blocked_on: tuple[str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """Admin API shape."""
-        return {
-            "connection": self.connection,
-            "channel": self.channel,
-            "user": self.user,
-            "remote": self.remote,
-            "vhost": self.vhost,
-            "blockedOn": list(self.blocked_on),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSnapshot:
-    """A queue as the admin API shows it."""
-
-    vhost: str
-    name: str
-    messages: int
-    bytes: int
-    thresholds: Thresholds
-    source: ThresholdsSource
-    flow_stopped: bool
-    flow_stopped_count: int
-    blocked_channels: tuple[BlockedChannel, ...]
-    flow_stopped_seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """Admin API JSON."""
-        return {
-            "name": self.name,
-            "vhost": self.vhost,
-            "messages": self.messages,
-            "bytes": self.bytes,
-            **self.thresholds.to_json(),
-            "source": self.source,
-            "flowStopped": self.flow_stopped,
-            "flowStoppedCount": self.flow_stopped_count,
-            "flowStoppedSeconds": round(self.flow_stopped_seconds, 3),
-            "blockedChannels": [c.to_json() for c in self.blocked_channels],
-        }
+__all__ = ["AdminViewsMixin"]
 
 
 @trait
