@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.cli.config import GatewayConfig
+from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.cluster_node import ClusterNode
 
