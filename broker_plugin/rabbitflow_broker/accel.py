@@ -61,6 +61,7 @@ MODULES: Final = (
     "engine.routing_exchange",
     "engine.routing_match",
     "engine.state",
+    "hub.admin_stops",
     "hub.gateway",
     "hub.ports",
     "hub.store_quota",

@@ -29,7 +29,7 @@ _PIPELINE = "the pipeline's plan-of-steps rework"
 #: Modules over MAX_MODULE_LINES lines: path -> the most lines allowed, and why.
 MODULES_ALLOWED: dict[str, tuple[int, str]] = {
     "broker_plugin/rabbitflow_broker/cli/config_cli.py": (657, _SPLIT_LATER),
-    "broker_plugin/rabbitflow_broker/hub/gateway.py": (725, "the hub, into parts behind a facade"),
+    "broker_plugin/rabbitflow_broker/hub/gateway.py": (720, "the hub, into parts behind a facade"),
 }
 
 _HOT_LOOP = "the compiled hot loop, inlined on purpose: a call per frame costs more"

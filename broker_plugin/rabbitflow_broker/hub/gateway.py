@@ -49,6 +49,7 @@ from rabbitflow_broker.engine.ports import Hub
 from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
 from rabbitflow_broker.engine.store import StoreSnapshot, StoreSource
 from rabbitflow_broker.events import ALL_QUEUES, Event
+from rabbitflow_broker.hub.admin_stops import AdminStops
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.ports import (
     BlockedChannel,
@@ -110,7 +111,7 @@ class Gateway(AdminViewsMixin, Hub):
         # Vhost-wide blocks set directly (tests, embedding); see set_vhost_blocked.
         self._forced_vhosts: set[str] = set()
         # Administrator stops: (vhost or None = every vhost, queue or None = every queue).
-        self._admin_stops: dict[tuple[str | None, str | None], None] = {}
+        self.stops = AdminStops()
         #: The store quota of every vhost (an overfull one blocks the vhost).
         self.store_quotas = StoreQuotas(
             config, sink=sink, clock=clock, monotonic=monotonic, wake=self.wake
@@ -404,16 +405,12 @@ class Gateway(AdminViewsMixin, Hub):
 
     def vhost_blocked(self, vhost: str) -> bool:
         """True while every producer of the vhost is blocked (store quota, admin stop)."""
-        stops = self._admin_stops
+        stops = self.stops.keys  # inline: this runs per publish
         if stops and ((None, None) in stops or (vhost, None) in stops):
             return True
         if self._forced_vhosts and vhost in self._forced_vhosts:
             return True
         return vhost in self.store_quotas.overfull
-
-    def _queue_stopped(self, vhost: str, queue: str) -> bool:
-        stops = self._admin_stops
-        return bool(stops) and ((vhost, queue) in stops or (None, queue) in stops)
 
     def is_blocked(self, vhost: str, queue: str) -> bool:
         """True while publishes to the queue must not complete."""
@@ -422,7 +419,7 @@ class Gateway(AdminViewsMixin, Hub):
             key in self._stopped
             or key in self._held
             or self.vhost_blocked(vhost)
-            or self._queue_stopped(vhost, queue)
+            or self.stops.queue_stopped(vhost, queue)
         )
 
     def route_blocker(self, vhost: str) -> Callable[[Route], bool]:
@@ -431,8 +428,8 @@ class Gateway(AdminViewsMixin, Hub):
             return lambda route: True
         on = self._stopped
         held = self._held
-        stops = self._admin_stops
-        stopped = self._queue_stopped
+        stops = self.stops.keys
+        stopped = self.stops.queue_stopped
 
         def blocked(route: Route) -> bool:
             if not on and not stops and not held:
@@ -456,7 +453,7 @@ class Gateway(AdminViewsMixin, Hub):
         flowed = self._flowed
         for queue in sorted(route):
             key = (vhost, queue)
-            if key in on or key in flowed or self._queue_stopped(vhost, queue):
+            if key in on or key in flowed or self.stops.queue_stopped(vhost, queue):
                 found.append(queue)
         return found
 
@@ -503,7 +500,7 @@ class Gateway(AdminViewsMixin, Hub):
         queue (in ``vhost``, or in every vhost when ``vhost`` is None;
         CHN-1005 names the queue).  Stopping twice is the same as once.
         """
-        self._admin_stops[(vhost, queue)] = None
+        self.stops.add(vhost, queue)
         self.wake(vhost)
         if self.cluster is not None:
             self.cluster.stops_changed()
@@ -513,21 +510,19 @@ class Gateway(AdminViewsMixin, Hub):
 
         Starting what was not stopped does nothing.
         """
-        if self._admin_stops.pop((vhost, queue), 0) is None:
+        if self.stops.remove(vhost, queue):
             self.wake(vhost)
             if self.cluster is not None:
                 self.cluster.stops_changed()
 
     def replace_admin_stops(self, stops: list[tuple[str | None, str | None]]) -> None:
         """Take the cluster's administrator stops as they are (no broadcast)."""
-        if list(self._admin_stops) == stops:
-            return
-        self._admin_stops = dict.fromkeys(stops)
-        self.wake(None)
+        if self.stops.replace(stops):
+            self.wake(None)
 
     def admin_stops(self) -> list[dict[str, str | None]]:
         """Current administrator stops, oldest first."""
-        return [{"vhost": vhost, "queue": queue} for vhost, queue in self._admin_stops]
+        return self.stops.listing()
 
     def wake(self, vhost: str | None) -> None:
         """Blocking changed in ``vhost`` (None: every vhost): connections
@@ -543,7 +538,7 @@ class Gateway(AdminViewsMixin, Hub):
         self.calm = not (
             self._stopped
             or self._held
-            or self._admin_stops
+            or self.stops.keys
             or self._forced_vhosts
             or self.store_quotas.overfull
         )

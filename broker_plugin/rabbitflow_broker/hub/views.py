@@ -17,6 +17,7 @@ from mypy_extensions import trait
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
 from rabbitflow_broker.engine.flow import QueueFlow, ThresholdsSource
 from rabbitflow_broker.events import ALL_QUEUES
+from rabbitflow_broker.hub.admin_stops import AdminStops
 from rabbitflow_broker.hub.ports import BlockedChannel, ClusterLink, Connection, QueueSnapshot
 
 __all__ = ["AdminViewsMixin"]
@@ -35,7 +36,7 @@ class AdminViewsMixin:
     _flows: dict[QueueKey, QueueFlow]
     _stopped: set[QueueKey]
     _near: set[QueueKey]
-    _admin_stops: dict[tuple[str | None, str | None], None]
+    stops: AdminStops
     # In a cluster: the owner's depth (messages, bytes) and flowStoppedCount of
     # each queue as last published (a member that does not own the accounting shows these).
     _shared: dict[QueueKey, tuple[int, int, int]]
@@ -53,7 +54,7 @@ class AdminViewsMixin:
 
     def admin_stop_keys(self) -> list[tuple[str | None, str | None]]:
         """Administrator stops as (vhost, queue) pairs, oldest first."""
-        return list(self._admin_stops)
+        return list(self.stops.keys)
 
     def queue_on(self, key: QueueKey) -> bool:
         """Whether the queue is overfull (flow ON), as this hub knows it."""
