@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant, Request
 from rabbitflow_broker.engine.cluster_book import (
+    DUE,
     FLOW_AFTER_S,
     FREE_FOR_S,
     REPORT_EVERY_S,
@@ -180,3 +181,19 @@ def test_an_owner_needs_rounds_while_a_grant_is_outstanding() -> None:
     assert owner.busy()
     assert owner.expire(now=2.5) == {KEY: grant.amount}
     assert not owner.busy()
+
+
+def test_a_member_asks_when_half_the_last_grant_is_left_even_with_an_older_grant_open() -> None:
+    """The ask comes when the allowance left falls to half the last grant,
+    whatever was used since the last ask (a grant still open adds to it)."""
+    book = _book()  # batch 10
+    book.publish(KEY, 0, now=0.0)  # held: asks
+    (first,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(first), now=0.0)  # 10: the debt of 1 paid, 9 left
+    flags = [book.published("/", frozenset({"orders"}), 0, 0.01) for _ in range(4)]
+    assert flags[-1] & DUE  # 5 left: half the grant
+    (second,) = book.requests(now=0.01)
+    book.granted(KEY, _grant(second, grant_id=(2 << 32) + 2), now=0.02)  # 15 left
+    flags = [book.published("/", frozenset({"orders"}), 0, 0.03) for _ in range(10)]
+    assert [bool(f & DUE) for f in flags] == [False] * 9 + [True]  # at 5 left
+    assert book.requests(now=0.03)  # and the allowance asks then

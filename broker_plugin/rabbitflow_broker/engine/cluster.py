@@ -302,6 +302,8 @@ class MemberAllowance:
     asked_at: float | None = None
     #: The last grant's size: the next is asked for when half of it is left.
     last_amount: int = 0
+    #: Allowance left in the grants kept (expired ones too, until reported).
+    left: int = 0
     _grants: list[_Held] = field(default_factory=list)
 
     def available(self, now: float) -> int:
@@ -321,6 +323,7 @@ class MemberAllowance:
                 grant.remaining -= 1
                 grant.used += 1
                 grant.used_bytes += size
+                self.left -= 1
                 return True
         return False
 
@@ -345,6 +348,7 @@ class MemberAllowance:
             self.asked_at = None
         self._grants.append(_Held(grant.grant_id, grant.amount, grant.asked_at + self.lease))
         self.last_amount = grant.amount
+        self.left += grant.amount
 
     def flow_update(self, update: FlowUpdate) -> None:
         """The owner's flow state (older epochs than one already seen are ignored)."""
@@ -380,7 +384,9 @@ class MemberAllowance:
                 )
                 removed = removed_bytes = 0
                 grant.used = grant.used_bytes = 0
-            if not over:
+            if over:
+                self.left -= grant.remaining
+            else:
                 keep.append(grant)
         self._grants = keep
         if removed or removed_bytes:

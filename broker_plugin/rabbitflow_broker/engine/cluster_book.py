@@ -21,7 +21,6 @@ reported use as a publish) and the members it heard from.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -66,8 +65,6 @@ class _Queue:
     held_since: float | None = None
     last_report: float = float("-inf")
     last_publish: float = float("-inf")
-    #: Allowance used since the last request.
-    used: int = 0
 
 
 @dataclass(slots=True)
@@ -100,11 +97,12 @@ class MemberBook:
         entry.last_publish = now
         if now < entry.free_until:
             return True
-        if not entry.debt and entry.allowance.take(now, size):
-            entry.used += 1
-            if entry.used * 2 == max(self.batch, entry.allowance.last_amount):
-                # Half a batch used since the last ask: ask now, not at the
-                # next round, so the grant arrives before the allowance ends.
+        allowance = entry.allowance
+        if not entry.debt and allowance.take(now, size):
+            if allowance.left * 2 == max(self.batch, allowance.last_amount):
+                # Half the last grant left (the point at which the allowance
+                # asks): ask now, not at the next round, so that the grant
+                # arrives before the allowance ends.
                 self.due = True
             return True
         entry.debt += 1
@@ -177,8 +175,6 @@ class MemberBook:
                     request = Request(self.member, allowance.queue, float("nan"), tuple(reports))
             if request is not None:
                 entry.last_report = now
-                if not math.isnan(request.asked_at):
-                    entry.used = 0
                 out.append(request)
         self.due = False
         return out
@@ -215,7 +211,6 @@ class MemberBook:
             size = entry.debt_bytes // entry.debt
             if not allowance.take(now, size):
                 return False
-            entry.used += 1
             entry.debt -= 1
             entry.debt_bytes -= size
         return self._release(key, entry)
