@@ -159,8 +159,21 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
         "queue_limits": limits,
     }
     run = Run(step.pool, step.kept, None, given)
-    run.give("send_delays", run.keep(_merged_delays(step, client)))
-    run.give("malformed", run.keep(_merged_malformed(step, client)))
+    # A table whose inputs brought nothing new stays as stored (no job
+    # merges it, nothing is written): the send delays without new client
+    # lines, the malformed counts without new malformed or client lines.
+    unchanged = {
+        "send_delays": step.client is None and bool(step.cp.tables.get("send_delays")),
+        "malformed": _no_new_malformed(step) and bool(step.cp.tables.get("malformed")),
+    }
+    if unchanged["send_delays"]:
+        run.give("send_delays", _previous(step, "send_delays", _new_delays(client).schema))
+    else:
+        run.give("send_delays", run.keep(_merged_delays(step, client)))
+    if unchanged["malformed"]:
+        run.give("malformed", _previous(step, "malformed", _MALFORMED_SCHEMA))
+    else:
+        run.give("malformed", run.keep(_merged_malformed(step, client)))
     step.channels = f"channels/v{step.batch:08d}"
     run.give("blocked_channels", step.pool.submit(_store_channels, step))
     kept = Output(keep=True)
@@ -171,15 +184,30 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     written = {
         table: step.pool.submit(add_files, step, df, table, f"r{step.batch:08d}")
         for table, df in step.small.items()
+        if not unchanged.get(table, False)
     }
+    for table, same in unchanged.items():
+        if same:
+            step.tables[table] = step.cp.tables[table]
     for table, done in written.items():
         step.tables[table] = tuple(done.result())
 
 
+def _no_new_malformed(step: StepState) -> bool:
+    """No new malformed event line and no new client line (malformed or not)."""
+    assert step.counts is not None
+    return step.client is None and not int(step.counts["malformed"])
+
+
 def _merged_delays(step: StepState, client: DataFrame) -> DataFrame:
     """The ``send_delays`` table: the stored one merged with this step's client records."""
-    new = SEND_DELAYS({"client_records": CLIENT_RECORDS({"parsed_client": client})})
+    new = _new_delays(client)
     return merge_send_delays(_previous(step, "send_delays", new.schema).unionByName(new))
+
+
+def _new_delays(client: DataFrame) -> DataFrame:
+    """This step's send delays (of its client records)."""
+    return SEND_DELAYS({"client_records": CLIENT_RECORDS({"parsed_client": client})})
 
 
 def _merged_malformed(step: StepState, client: DataFrame) -> DataFrame:
@@ -289,8 +317,11 @@ def _shown_totals(
 
 def _report(
     step: StepState, counters: Mapping[str, int], totals: Mapping[str, int], **kw: Any
-) -> None:
-    """Collect the report's rows (small tables, counters) and replace ``report.html``."""
+) -> list[dict[str, Any]]:
+    """Collect the report's rows (small tables, counters) and replace ``report.html``.
+
+    Returns the ``malformed`` table's rows (the step's result names its reasons).
+    """
     assert step.small is not None
     assert step.step_counts is not None
     spark, extra = step.spark, step.step_counts
@@ -339,6 +370,7 @@ def _report(
         open_now=None if open_now is None else open_now.result(),
     )
     write_text_atomically(step.out / "report.html", render_report(data))
+    return small["malformed"].result()
 
 
 def run_step(
@@ -383,7 +415,7 @@ def run_step(
             _aggregates(step, queue_limits)
             phases.passed("tables")
             checkpoint = _next_checkpoint(step, manifest)
-            _report(
+            malformed = _report(
                 step,
                 checkpoint.counters,
                 _totals(step, checkpoint),
@@ -393,7 +425,7 @@ def run_step(
                 live=live,
             )
             phases.passed("report")
-            reasons = _reasons(step)
+            reasons = _reasons(malformed)
     finally:
         kept.release()
     checkpoint = _compact(spark, out, checkpoint)
@@ -492,11 +524,12 @@ def _totals(step: StepState, checkpoint: Checkpoint) -> dict[str, int]:
     }
 
 
-def _reasons(step: StepState) -> tuple[tuple[str, int], ...]:
-    assert step.small is not None
+def _reasons(malformed: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, int], ...]:
+    """Malformed event-log lines per reason, commonest first, from the ``malformed`` rows."""
     per_reason: dict[str, int] = {}
-    for row in step.small["malformed"].where(F.col("log") == "gateway").collect():
-        per_reason[row["reason"]] = per_reason.get(row["reason"], 0) + int(row["count"])
+    for row in malformed:
+        if row["log"] == "gateway":
+            per_reason[row["reason"]] = per_reason.get(row["reason"], 0) + int(row["count"])
     return tuple(sorted(per_reason.items(), key=lambda item: (-item[1], item[0])))
 
 

@@ -223,6 +223,16 @@ def _new_events(step: StepState) -> DataFrame:
     return events.withColumn("seq", _global_seq()).drop("batch")
 
 
+def _may_be_late(step: StepState) -> bool:
+    """Whether a new good event may be late: the oldest one is no newer than the last frontier.
+
+    Usually not (each file is read on in time order), and then no job counts them.
+    """
+    assert step.counts is not None
+    oldest = step.counts.get("start_us")
+    return step.cp.frontier_us is not None and oldest is not None and oldest <= step.cp.frontier_us
+
+
 def _late(step: StepState, events: DataFrame) -> int:
     """New good events older than the last step's frontier (paired where they land)."""
     if step.cp.frontier_us is None:
@@ -239,9 +249,16 @@ def _parse_client(step: StepState) -> None:
     lines = step.spark.read.text(staged_paths(step.out, step.batch, parts)).select(
         "value", source_column(parts).alias("source")
     )
-    step.client = step.kept.keep(PARSE_CLIENT({"client_lines": lines}))
-    row = step.client.agg(*histogram_metrics(delay_seconds(), "delay")).first()
-    step.delay_counts = {} if row is None else {k: int(v) for k, v in row.asDict().items()}
+    parsed = PARSE_CLIENT({"client_lines": lines})
+    metrics = histogram_metrics(delay_seconds(), "delay")
+    observation = Observation("step-delays")
+    # Counted while the rows are kept, not in a job of their own.
+    step.client = step.kept.keep(parsed.observe(observation, *metrics))
+    counts = dict(observation.get)
+    if not counts:  # Spark Connect reports no metrics observed under a local checkpoint
+        row = step.client.agg(*metrics).first()
+        counts = {} if row is None else row.asDict()
+    step.delay_counts = {k: int(v) for k, v in counts.items()}
 
 
 def empty_client(spark: SparkSession) -> DataFrame:
@@ -253,7 +270,7 @@ def pair_step(step: StepState) -> None:
     spark = step.spark
     schema = _event_schema(spark)
     fresh = _new_events(step)
-    late = step.pool.submit(_late, step, fresh)
+    late = step.pool.submit(_late, step, fresh) if _may_be_late(step) else None
     new_events = fresh.withColumn("_role", F.lit(_NEW))
     if step.cp.state is not None:
         state_schema = T.StructType([*schema.fields, T.StructField("_role", T.StringType())])
@@ -269,7 +286,17 @@ def pair_step(step: StepState) -> None:
     # The pairing is kept as it is; the frontier, a value of this step's own,
     # is applied to the kept rows in a small job of its own (see _event_metrics).
     paired = step.kept.keep(intervals)
-    step.intervals = step.kept.keep(paired.withColumn("_final", _final_test(step)))
+    # The step's counts are observed while the final test is applied and kept.
+    observation, metrics = Observation("step-intervals"), _step_metrics()
+    step.intervals = step.kept.keep(
+        paired.withColumn("_final", _final_test(step)).observe(observation, *metrics)
+    )
+    counts = dict(observation.get)
+    if not counts:  # Spark Connect reports no metrics observed under a local checkpoint
+        row = step.intervals.agg(*metrics).first()
+        assert row is not None
+        counts = row.asDict()
+    step.step_counts = counts
     step.state = f"state/v{step.batch:08d}"
     opened = (
         provisional_rows(step)
@@ -277,13 +304,11 @@ def pair_step(step: StepState) -> None:
         .select(F.col("start_seq").alias("seq"))
     )
     state = step.pool.submit(_write_state, step, pool, settled, opened)
-    counted = step.pool.submit(_step_counts, step)
     written = [step.pool.submit(_write_intervals, step, table) for table in INTERVAL_TABLES]
     step.tables = dict(done.result() for done in written)
     state.result()
-    counted.result()
     assert step.counts is not None
-    step.counts["late"] = late.result()
+    step.counts["late"] = 0 if late is None else late.result()
 
 
 def _final_test(step: StepState) -> Column:
@@ -344,12 +369,12 @@ def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: Data
         .unionByName(last.select(*columns).withColumn("_role", F.lit(_CONTEXT)))
     )
     assert step.state is not None
-    state.write.mode("overwrite").parquet(str(step.root / step.state))
+    # One file: the next step reads it in one task, not one per shuffle partition.
+    state.coalesce(1).write.mode("overwrite").parquet(str(step.root / step.state))
 
 
-def _step_counts(step: StepState) -> None:
-    """Rows per table and block-duration histograms, settled and provisional, in one job."""
-    assert step.intervals is not None
+def _step_metrics() -> list[Column]:
+    """Rows per table and block-duration histograms, settled and provisional."""
     final = F.col("_final")
     block = F.col("kind") == F.lit("channel")
     metrics = []
@@ -362,19 +387,25 @@ def _step_counts(step: StepState) -> None:
         metrics.extend(histogram_metrics(duration, f"{name}_block"))
     open_episode = ~final & F.col("open") & (F.col("kind") == F.lit("queue"))
     metrics.append(F.count(F.when(open_episode, 1)).alias("open_episodes"))
-    row = step.intervals.agg(*metrics).first()
-    assert row is not None
-    step.step_counts = row.asDict()
+    return metrics
 
 
 def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]:
     """This step's settled and provisional rows of ``table``; returns its current files."""
     select = _INTERVAL_STEP_OF[table]
+    assert step.step_counts is not None
     kept = [f for f in step.cp.tables.get(table, ()) if f.startswith("b")]
-    names = add_files(step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}")
-    names += add_files(
-        step, select({"intervals": provisional_rows(step)}), table, f"p{step.batch:08d}"
-    )
+    names: list[str] = []
+    # A file set with no rows is not written (no job), unless the table
+    # would have no file at all (its readers need one for the schema).
+    if step.step_counts[f"final_{table}"]:
+        names += add_files(
+            step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}"
+        )
+    if step.step_counts[f"prov_{table}"] or not (kept or names):
+        names += add_files(
+            step, select({"intervals": provisional_rows(step)}), table, f"p{step.batch:08d}"
+        )
     return table, (*kept, *names)
 
 
