@@ -3,10 +3,7 @@
 ``scripts/test`` runs the suite on pytest-xdist workers (``-n auto --dist
 loadgroup``).  Each test goes to whichever worker is free, except the
 tests of one group below, which all run one after the other on the same
-worker.  The groups are handed out first, the longest first (the Spark
-group starts at once: it holds one worker for most of the run), then the
-integration tests, and last the unit tests, which are short enough to
-even out the end of the run (:func:`schedule_rank`):
+worker (the biggest groups are handed out first):
 
 ``spark``
     The modules whose tests use the Spark session.  The session is a JVM
@@ -105,28 +102,6 @@ def group_of(nodeid: str) -> str | None:
     return GROUPS.get(nodeid.split("::", 1)[0])
 
 
-#: The groups in the order they are handed out, the longest first: the Spark
-#: group takes a worker for most of the run, so it starts at once.
-GROUP_ORDER = ("spark", "cluster", "heavy", "demo")
-
-
-def schedule_rank(scope: str) -> tuple[int, int]:
-    """Where the work unit ``scope`` (a group, or one test's id) goes in the
-    queue: the named groups first (:data:`GROUP_ORDER`), then the modules
-    that are a group of their own, then the integration tests one by one
-    (seconds each), and last the unit tests (mostly milliseconds), which
-    fill the gaps so that the workers finish together.  Python's sort is
-    stable: within a rank the collection's order is kept."""
-    if scope.startswith("group:"):
-        group = scope.removeprefix("group:")
-        if group in GROUP_ORDER:
-            return (0, GROUP_ORDER.index(group))
-        return (1, 0)
-    if scope.startswith("integration/"):
-        return (2, 0)
-    return (3, 0)
-
-
 #: Set to 1 to run the tests that start real Spark clusters.
 SPARK_CLUSTERS_ENV = "RABBITFLOW_TEST_SPARK_CLUSTERS"
 _SPARK_CLUSTERS = "integration/pipeline/test_clusters.py"
@@ -165,22 +140,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadGroupScheduling
 
     class GroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
-        """``--dist loadgroup`` with the groups of :data:`GROUPS`, handed out
-        in the order of :func:`schedule_rank`."""
-
-        _ordered = False
+        """``--dist loadgroup`` with the groups of :data:`GROUPS`."""
 
         def _split_scope(self, nodeid: str) -> str:
             group = group_of(nodeid)
             return f"group:{group}" if group is not None else str(super()._split_scope(nodeid))
-
-        def _assign_work_unit(self, node: Any) -> None:
-            if not self._ordered:
-                # The queue is complete before the first unit is handed out.
-                self._ordered = True
-                units = sorted(self.workqueue.items(), key=lambda unit: schedule_rank(unit[0]))
-                self.workqueue.clear()
-                self.workqueue.update(units)
-            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
