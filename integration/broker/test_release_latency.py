@@ -159,8 +159,9 @@ def test_a_queue_whose_messages_expire_is_released_within_two_seconds(
     [
         pytest.param({}, 2.0, id="classic"),
         # A quorum queue's unacknowledged count comes only from the statistics,
-        # emitted every 5 s: a release after acks may wait for the next one.
-        pytest.param({"x-queue-type": "quorum"}, 8.0, id="quorum"),
+        # emitted every 5 s: a release after acks may wait for the next one,
+        # and on a loaded machine for the one after (8.1 s seen in CI at 8.0).
+        pytest.param({"x-queue-type": "quorum"}, 10.0, id="quorum"),
     ],
 )
 def test_a_queue_stays_flowed_while_a_direct_consumer_holds_its_messages_unacked(

@@ -52,11 +52,8 @@ from rabbitflow_pipeline.checkpoint import (
     write_text_atomically,
 )
 from rabbitflow_pipeline.delays import merge_send_delays
-from rabbitflow_pipeline.histograms import (
-    DEFAULT_HISTOGRAM_EDGES_S,
-    histogram_rows,
-)
-from rabbitflow_pipeline.malformed import malformed_summary
+from rabbitflow_pipeline.histograms import DEFAULT_HISTOGRAM_EDGES_S, histogram_rows
+from rabbitflow_pipeline.malformed import malformed_reasons, malformed_summary
 from rabbitflow_pipeline.offsets import Tracked
 from rabbitflow_pipeline.plan import (
     AGGREGATE_STEPS,
@@ -425,7 +422,7 @@ def run_step(
                 live=live,
             )
             phases.passed("report")
-            reasons = _reasons(malformed)
+            reasons = malformed_reasons(malformed)
     finally:
         kept.release()
     checkpoint = _compact(spark, out, checkpoint)
@@ -522,15 +519,6 @@ def _totals(step: StepState, checkpoint: Checkpoint) -> dict[str, int]:
         + int(step.step_counts["prov_episodes"]),
         "open episodes": int(step.step_counts["open_episodes"]),
     }
-
-
-def _reasons(malformed: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, int], ...]:
-    """Malformed event-log lines per reason, commonest first, from the ``malformed`` rows."""
-    per_reason: dict[str, int] = {}
-    for row in malformed:
-        if row["log"] == "gateway":
-            per_reason[row["reason"]] = per_reason.get(row["reason"], 0) + int(row["count"])
-    return tuple(sorted(per_reason.items(), key=lambda item: (-item[1], item[0])))
 
 
 def follow(

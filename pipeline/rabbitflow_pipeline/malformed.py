@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline.inputs import is_malformed
 
-__all__ = ["malformed_from", "malformed_summary"]
+__all__ = ["malformed_from", "malformed_reasons", "malformed_summary"]
 
 
 def malformed_summary(
@@ -40,3 +43,12 @@ def malformed_from(intervals: DataFrame, parsed_client: DataFrame | None = None)
         F.lit("gateway").alias("log"), "source", "reason"
     )
     return _count_malformed(gateway, parsed_client)
+
+
+def malformed_reasons(malformed: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, int], ...]:
+    """Malformed event-log lines per reason, commonest first, from the ``malformed`` rows."""
+    per_reason: dict[str, int] = {}
+    for row in malformed:
+        if row["log"] == "gateway":
+            per_reason[row["reason"]] = per_reason.get(row["reason"], 0) + int(row["count"])
+    return tuple(sorted(per_reason.items(), key=lambda item: (-item[1], item[0])))
