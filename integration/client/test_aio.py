@@ -19,6 +19,7 @@ suspends tasks, never the loop.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import logging
 import statistics
@@ -172,6 +173,10 @@ def _run_queue_wait() -> float:
         return 0.0
 
 
+#: docs/client.md: "send() yields to the loop once every 128 such sends".
+SENDS_PER_TURN = 128
+
+
 class _Ticker:
     """Measures event-loop lag: how late a 5 ms sleep wakes up.
 
@@ -185,6 +190,7 @@ class _Ticker:
     def __init__(self) -> None:
         self.lags: list[float] = []
         self.own_lags: list[float] = []
+        self.late: list[tuple[float, float]] = []  # (when the tick was due, when it ran)
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -192,7 +198,9 @@ class _Ticker:
         while not self._stop.is_set():
             start, queued = loop.time(), _run_queue_wait()
             await asyncio.sleep(0.005)
-            lag = loop.time() - start - 0.005
+            woke = loop.time()
+            lag = woke - start - 0.005
+            self.late.append((start + 0.005, woke))
             self.lags.append(lag)
             self.own_lags.append(max(lag - (_run_queue_wait() - queued), 0.0))
 
@@ -218,6 +226,17 @@ class _Phase:
         await self._task
         gc.unfreeze()
         self.lags = (self._ticker.lags, self._ticker.own_lags)
+        self.late = self._ticker.late
+
+    def most_sends_while_due(self, sent_at: list[float]) -> int:
+        """The most of the ``sent_at`` sends made while one tick was due but
+        had not yet run: how much work the producer did before it let the loop
+        serve other tasks."""
+        sends = sorted(sent_at)
+        return max(
+            (bisect.bisect_right(sends, woke) - bisect.bisect_left(sends, due))
+            for due, woke in self.late
+        )
 
 
 @pytest.mark.asyncio
@@ -261,12 +280,15 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
 
         # One task, a window of 5,000: its sends never wait, yet the loop runs.
         wide = await session.create_producer(await session.create_queue(busy_name), capacity=5000)
+        sent_at: list[float] = []
+        loop = asyncio.get_running_loop()
         async with _Phase() as widely:
             for n in range(10000):
                 await wide.send(
                     session.create_text_message(f"wide:{n}"),
                     delivery_mode=rabbitflow.NON_PERSISTENT,
                 )
+                sent_at.append(loop.time())
             await _until(lambda: wide.unconfirmed_count == 0, 60, "the wide window's confirms")
         for task in waiting:
             task.cancel()
@@ -301,9 +323,19 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         worst, second = sorted(own)[-1], sorted(own)[-2]
         if label.startswith("1 task"):
             # A window of 5,000 from one task is beyond what the SDK promises
-            # (20 ms with 100 tasks blocked or 50 publishing): on a loaded
-            # machine two of its turns reached 22 ms. Every tick held to 50 ms.
-            assert worst <= 0.050, state
+            # in time (20 ms with 100 tasks blocked or 50 publishing).  What it
+            # does promise is bounded work: a task whose sends never wait
+            # yields every SENDS_PER_TURN sends, so a tick that falls due waits
+            # for at most that many sends three times: the turn under way, the
+            # one queued before the tick's timer was seen to expire, and the
+            # one queued before the task the timer wakes (the timer's callback
+            # only schedules the ticker's next step).  That is counted, not
+            # timed.  In time, on a loaded machine, its turns reached
+            # 22 ms, once 51 ms (CI): each tick is held to 100 ms, the margin
+            # for a machine of this kind twice as slow.
+            most = widely.most_sends_while_due(sent_at)
+            assert most <= 3 * SENDS_PER_TURN, f"{state}; {most} sends while a tick was due"
+            assert worst <= 0.100, state
             continue
         assert second <= 0.020, state
         assert worst <= 0.050, state
