@@ -80,7 +80,7 @@ async def test_store_lists_quota_stops_and_held_confirms(
     make_service: Callable[..., GatewayService], serve: Serve
 ) -> None:
     service = make_service(store_overfull_size=1000, store_underfull_size=500)
-    service.gateway.observe_store("/", 1200, "management")
+    service.gateway.store_quotas.observe("/", 1200, "management")
     service.gateway.stop_producers(queue="q")
     async with serve(service) as client:
         response = await client.get("/api/store")

@@ -68,7 +68,7 @@ def test_flow_stops_counter_counts_every_off_to_on_transition(
 
 def test_store_quota_is_exported_per_vhost(make_service: Callable[..., GatewayService]) -> None:
     service = make_service(store_overfull_size=1000, store_underfull_size=500)
-    service.gateway.observe_store("/", 1500, "management")
+    service.gateway.store_quotas.observe("/", 1500, "management")
 
     samples = _samples(render(metrics_registry(service.gateway)).decode())
 

@@ -76,7 +76,7 @@ def _busy_service(make_service: Callable[..., GatewayService]) -> GatewayService
     gateway.queue_declared("/", "orders", {"qpid.flow_stop_count": 3, "qpid.flow_resume_count": 1})
     for _ in range(4):
         gateway.published("/", frozenset({"orders"}), 100)
-    gateway.observe_store("/", 1500, "management")
+    gateway.store_quotas.observe("/", 1500, "management")
     return service
 
 

@@ -88,40 +88,40 @@ def test_starting_what_was_not_stopped_changes_nothing() -> None:
 
 def test_store_overfull_blocks_the_vhost_and_logs_mst_1008() -> None:
     gateway, events = _gateway(store_overfull_size=1000, store_underfull_size=500)
-    gateway.observe_store("/", 1500, "management")
+    gateway.store_quotas.observe("/", 1500, "management")
     assert [type(e) for e in events] == [StoreOverfull]
     assert gateway.blockers("/", Q) == [ALL_QUEUES]
 
 
 def test_store_underfull_frees_the_vhost_and_logs_mst_1009() -> None:
     gateway, events = _gateway(store_overfull_size=1000, store_underfull_size=500)
-    gateway.observe_store("/", 1500, "management")
-    gateway.observe_store("/", 100, "management")
+    gateway.store_quotas.observe("/", 1500, "management")
+    gateway.store_quotas.observe("/", 100, "management")
     assert [type(e) for e in events] == [StoreOverfull, StoreUnderfull]
     assert not gateway.vhost_blocked("/")
 
 
 def test_admin_stop_holds_after_the_store_clears() -> None:
     gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
-    gateway.observe_store("/", 1500, "management")
+    gateway.store_quotas.observe("/", 1500, "management")
     gateway.stop_producers(vhost="/")
-    gateway.observe_store("/", 100, "management")
+    gateway.store_quotas.observe("/", 100, "management")
     assert gateway.vhost_blocked("/")
 
 
 def test_store_block_holds_after_admin_start() -> None:
     gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
     gateway.stop_producers(vhost="/")
-    gateway.observe_store("/", 1500, "management")
+    gateway.store_quotas.observe("/", 1500, "management")
     gateway.start_producers(vhost="/")
     assert gateway.vhost_blocked("/")
 
 
 def test_store_snapshots_list_measured_vhosts() -> None:
     gateway, _ = _gateway(store_overfull_size=1000, store_underfull_size=500)
-    gateway.observe_store("b", 10, "disk")
-    gateway.observe_store("a", 2000, "disk")
-    snaps = gateway.store_snapshots()
+    gateway.store_quotas.observe("b", 10, "disk")
+    gateway.store_quotas.observe("a", 2000, "disk")
+    snaps = gateway.store_quotas.snapshots()
     assert [(s.vhost, s.overfull, s.source) for s in snaps] == [
         ("a", True, "disk"),
         ("b", False, "disk"),
@@ -158,7 +158,7 @@ def _quota_gateway() -> tuple[Gateway, list[Event], Clock]:
 
 def test_persistent_publishes_cross_the_quota_before_the_next_measurement() -> None:
     gateway, events, _ = _quota_gateway()
-    gateway.observe_store("/", 900, "management")
+    gateway.store_quotas.observe("/", 900, "management")
     gateway.persistent_published("/", 101)
     assert [type(e) for e in events] == [StoreOverfull]
     assert gateway.vhost_blocked("/")
@@ -174,7 +174,7 @@ def test_published_bytes_count_only_within_the_staleness_window() -> None:
 
 def test_disk_measurements_have_a_shorter_window() -> None:
     gateway, events, clock = _quota_gateway()
-    gateway.observe_store("/", 0, "disk")
+    gateway.store_quotas.observe("/", 0, "disk")
     gateway.persistent_published("/", 600)
     clock.t += 1.5
     gateway.persistent_published("/", 600)
@@ -185,14 +185,14 @@ def test_measurement_below_underfull_clears_once_recent_bytes_age_out() -> None:
     gateway, events, clock = _quota_gateway()
     gateway.persistent_published("/", 1500)
     clock.t += 7
-    gateway.observe_store("/", 100, "management")
+    gateway.store_quotas.observe("/", 100, "management")
     assert [type(e) for e in events] == [StoreOverfull, StoreUnderfull]
 
 
 def test_persistent_bytes_are_ignored_with_the_quota_off() -> None:
     gateway, events = _gateway()
     gateway.persistent_published("/", 10**9)
-    assert gateway.store_snapshots() == []
+    assert gateway.store_quotas.snapshots() == []
     assert events == []
 
 
@@ -214,8 +214,8 @@ def test_calm_holds_exactly_while_nothing_blocks_any_producer() -> None:
             lambda: gateway.set_vhost_blocked("v", blocked=False),
         ),
         (
-            lambda: gateway.observe_store("/", 1500, "management"),
-            lambda: gateway.observe_store("/", 100, "management"),
+            lambda: gateway.store_quotas.observe("/", 1500, "management"),
+            lambda: gateway.store_quotas.observe("/", 100, "management"),
         ),
         (fill, lambda: gateway.removed("/", "q", 3, 3)),
     ]

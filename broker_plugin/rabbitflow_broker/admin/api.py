@@ -322,7 +322,7 @@ async def get_store(request: web.Request) -> web.Response:
     gateway = _service(request).gateway
     return web.json_response(
         {
-            "vhosts": [s.to_json() for s in gateway.store_snapshots()],
+            "vhosts": [s.to_json() for s in gateway.store_quotas.snapshots()],
             "stops": gateway.admin_stops(),
             "heldConfirms": gateway.held_confirms(),
         }

@@ -182,7 +182,7 @@ class GatewayCollector(Collector):
             "Store size below which producers resume (0 = off)",
             labels=labels,
         )
-        for store in self._gateway.store_snapshots():
+        for store in self._gateway.store_quotas.snapshots():
             size.add_metric([store.vhost], store.size)
             overfull.add_metric([store.vhost], 1 if store.overfull else 0)
             over_size.add_metric([store.vhost], store.overfull_size)

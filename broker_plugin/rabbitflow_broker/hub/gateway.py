@@ -15,7 +15,7 @@ Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
 blocked while its flow is ON, while an administrator stopped its producers
 (:meth:`Gateway.stop_producers` with a queue) or while a vhost-wide block is
 active.  Vhost-wide blocks are the store quota (:mod:`~rabbitflow_broker.engine.store`,
-fed by :meth:`Gateway.observe_store`) and administrator stops of one vhost or
+fed through :attr:`Gateway.store_quotas`) and administrator stops of one vhost or
 of all; they name ``** All Queues **`` in CHN-1005.  Each blocker is
 independent: lifting one leaves the others in force.
 """
@@ -30,24 +30,10 @@ from typing import Any
 from rabbitflow_broker.engine import mirror
 from rabbitflow_broker.engine.cluster_book import NEW_HOLD, MemberBook
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
-from rabbitflow_broker.engine.flow import (
-    DISABLED,
-    FlowState,
-    QueueFlow,
-    ThresholdError,
-    Thresholds,
-    ThresholdsSource,
-    check_value,
-    default_thresholds,
-    derived_resume,
-    is_stream,
-    thresholds_from_arguments,
-    with_derived_resume,
-)
+from rabbitflow_broker.engine.flow import FlowState, QueueFlow, Thresholds
 from rabbitflow_broker.engine.frames import FrameError
 from rabbitflow_broker.engine.ports import Hub
 from rabbitflow_broker.engine.routing import RoutingError, RoutingTable
-from rabbitflow_broker.engine.store import StoreSnapshot, StoreSource
 from rabbitflow_broker.events import ALL_QUEUES, Event
 from rabbitflow_broker.hub.admin_stops import AdminStops
 from rabbitflow_broker.hub.config import GatewayConfig
@@ -59,6 +45,7 @@ from rabbitflow_broker.hub.ports import (
     QueueSnapshot,
 )
 from rabbitflow_broker.hub.store_quota import StoreQuotas
+from rabbitflow_broker.hub.thresholds import ThresholdBook
 from rabbitflow_broker.hub.views import AdminViewsMixin
 
 __all__ = ["BlockedChannel", "Changes", "ClusterLink", "Connection", "Gateway", "QueueSnapshot"]
@@ -102,9 +89,8 @@ class Gateway(AdminViewsMixin, Hub):
         # Queues OFF but at or above a resume threshold, kept by _observe too:
         # with the ON ones, the queues whose depth the service polls often.
         self._near: set[QueueKey] = set()
-        self._sources: dict[QueueKey, ThresholdsSource] = {}
-        self._queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]] = {}
-        self._runtime: dict[QueueKey, Thresholds] = {}
+        #: Each queue's thresholds and their sources (arguments, policy, runtime).
+        self.thresholds = ThresholdBook(config)
         self._connections: dict[int, Connection] = {}
         self._next_connection = 0
         self._upstream_cursor = 0
@@ -212,67 +198,28 @@ class Gateway(AdminViewsMixin, Hub):
         """Monotonic seconds for durations (settle times, flow enforcement)."""
         return self._monotonic()
 
-    # -- thresholds ----------------------------------------------------------
-
-    def _pct(self) -> tuple[int, int]:
-        return (
-            self.config.default_flow_stop_threshold,
-            self.config.default_flow_resume_threshold,
-        )
+    # -- thresholds (decided by self.thresholds, applied to the machines) -------
 
     def validate_declare(self, arguments: Mapping[str, object] | None) -> None:
-        """Check ``qpid.flow_*`` declare arguments.
-
-        Raises:
-            ThresholdError: a bad value; the message names the argument.
-        """
-        stop_pct, resume_pct = self._pct()
-        thresholds_from_arguments(arguments, stop_pct=stop_pct, resume_pct=resume_pct)
-
-    def _compute(self, key: QueueKey) -> tuple[Thresholds, ThresholdsSource]:
-        arguments, policy = self._queue_args.get(key, ({}, {}))
-        stop_pct, resume_pct = self._pct()
-        runtime = self._runtime.get(key)
-        if runtime is not None and not is_stream(arguments):
-            # Stored by an older gateway, a resume of 0 may still be there.
-            return with_derived_resume(runtime, stop_pct=stop_pct, resume_pct=resume_pct), "runtime"
-        try:
-            explicit = thresholds_from_arguments(
-                arguments, stop_pct=stop_pct, resume_pct=resume_pct
-            )
-        except ThresholdError:
-            explicit = None  # declared directly at RabbitMQ with bad values
-        if explicit is not None:
-            return explicit, "arguments"
-        default = default_thresholds(
-            arguments,
-            policy,
-            stop_pct=stop_pct,
-            resume_pct=resume_pct,
-            default_queue_limit=self.config.default_queue_limit,
-        )
-        if default is not None:
-            return default, "default"
-        return DISABLED, "none"
+        """Check ``qpid.flow_*`` declare arguments (raises ThresholdError)."""
+        self.thresholds.validate_declare(arguments)
 
     def flow(self, key: QueueKey) -> QueueFlow:
         """The queue's machine, created (with its thresholds) on first use."""
         machine = self._flows.get(key)
         if machine is None:
-            thresholds, source = self._compute(key)
-            machine = self._flows[key] = QueueFlow(key[0], key[1], thresholds)
-            self._sources[key] = source
+            machine = self._flows[key] = QueueFlow(key[0], key[1], self.thresholds.compute(key))
         return machine
 
     def _rethreshold(self, key: QueueKey) -> None:
         machine = self.flow(key)
-        machine.thresholds, self._sources[key] = self._compute(key)
+        machine.thresholds = self.thresholds.compute(key)
         self._observe(key)
 
     def knows_queue(self, vhost: str, name: str) -> bool:
         """True when the queue was declared through the gateway or seen in a snapshot."""
         key = (vhost, name)
-        return key in self._queue_args or key in self.depth
+        return self.thresholds.knows(key) or key in self.depth
 
     def queue_declared(
         self,
@@ -283,8 +230,7 @@ class Gateway(AdminViewsMixin, Hub):
     ) -> None:
         """RabbitMQ confirmed a declare (or a snapshot listed the queue)."""
         key = (vhost, name)
-        old_policy = self._queue_args.get(key, ({}, {}))[1]
-        self._queue_args[key] = (dict(arguments or {}), dict(policy or old_policy))
+        self.thresholds.declared(key, arguments, policy or {})
         self.depth.get(key)
         self._rethreshold(key)
 
@@ -297,22 +243,17 @@ class Gateway(AdminViewsMixin, Hub):
     ) -> None:
         """A management snapshot listed the queue; update it only if it changed."""
         key = (vhost, name)
-        new = (dict(arguments or {}), dict(policy or {}))
-        if self._queue_args.get(key) == new:
-            return
-        self._queue_args[key] = new
-        self.depth.get(key)
-        self._rethreshold(key)
+        if self.thresholds.seen(key, arguments, policy):
+            self.depth.get(key)
+            self._rethreshold(key)
 
     def queue_deleted(self, vhost: str, name: str) -> None:
         """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
         key = (vhost, name)
-        self._queue_args.pop(key, None)
-        if self._runtime.pop(key, None) is not None:
+        if self.thresholds.deleted(key):
             self.runtime_forgotten(key)
         self.depth.forget(key)
         machine = self._flows.pop(key, None)
-        self._sources.pop(key, None)
         self._shared.pop(key, None)
         self._stopped.discard(key)
         self._near.discard(key)
@@ -322,69 +263,15 @@ class Gateway(AdminViewsMixin, Hub):
     def set_runtime_thresholds(
         self, vhost: str, name: str, changes: Mapping[str, object]
     ) -> Thresholds:
-        """Apply admin-API threshold changes (camelCase keys, any subset).
-
-        A stop value given without its resume value keeps the old resume
-        value when it still fits, else derives it from the broker ratio; a
-        resume value of 0 beside a non-zero stop value is derived likewise
-        (:func:`~rabbitflow_broker.engine.flow.with_derived_resume`).
+        """Apply admin-API threshold changes (camelCase keys, any subset; see
+        :meth:`~rabbitflow_broker.hub.thresholds.ThresholdBook.set_runtime`).
 
         Raises:
             ThresholdError: unknown key, bad value, or any threshold on a
                 stream, naming it.
         """
-        names = {
-            "flowStopCount": "stop_count",
-            "flowResumeCount": "resume_count",
-            "flowStopSize": "stop_size",
-            "flowResumeSize": "resume_size",
-        }
-        for key_name in changes:
-            if key_name not in names:
-                raise ThresholdError(key_name, "unknown threshold")
         key = (vhost, name)
-        if is_stream(self._queue_args.get(key, ({}, {}))[0]):
-            raise ThresholdError(
-                next(iter(changes), "flowStopCount"),
-                f"queue {name!r} is a stream: flow thresholds do not apply to streams "
-                "(consuming removes nothing from a stream, so its producers could never resume)",
-            )
-        current = self.flow(key).thresholds
-        values = {
-            "stop_count": current.stop_count,
-            "resume_count": current.resume_count,
-            "stop_size": current.stop_size,
-            "resume_size": current.resume_size,
-        }
-        for key_name, attribute in names.items():
-            if key_name in changes:
-                values[attribute] = check_value(key_name, changes[key_name])
-        stop_pct, resume_pct = self._pct()
-        for stop_field, resume_field, resume_key in (
-            ("stop_count", "resume_count", "flowResumeCount"),
-            ("stop_size", "resume_size", "flowResumeSize"),
-        ):
-            stop = values[stop_field]
-            if resume_key not in changes and isinstance(stop, int) and not isinstance(stop, bool):
-                if stop == 0:
-                    values[resume_field] = 0
-                elif values[resume_field] > stop:
-                    values[resume_field] = derived_resume(
-                        stop, stop_pct=stop_pct, resume_pct=resume_pct
-                    )
-        try:
-            thresholds = with_derived_resume(
-                Thresholds(**values), stop_pct=stop_pct, resume_pct=resume_pct
-            )
-        except ThresholdError as exc:
-            camel = {
-                "qpid.flow_stop_count": "flowStopCount",
-                "qpid.flow_resume_count": "flowResumeCount",
-                "qpid.flow_stop_size": "flowStopSize",
-                "qpid.flow_resume_size": "flowResumeSize",
-            }
-            raise ThresholdError(camel.get(exc.argument, exc.argument), exc.reason) from None
-        self._runtime[key] = thresholds
+        thresholds = self.thresholds.set_runtime(key, changes, lambda: self.flow(key).thresholds)
         self._rethreshold(key)
         if self.cluster is not None:
             self.cluster.thresholds_changed(key, thresholds)
@@ -393,13 +280,13 @@ class Gateway(AdminViewsMixin, Hub):
     def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
         """Install thresholds kept across restarts."""
         for key, thresholds in stored.items():
-            self._runtime[key] = thresholds
+            self.thresholds.load_runtime(key, thresholds)
             if key in self._flows:
                 self._rethreshold(key)
 
     def runtime_thresholds(self, vhost: str, name: str) -> Thresholds | None:
         """The thresholds set at run time for a queue, if any."""
-        return self._runtime.get((vhost, name))
+        return self.thresholds.runtime((vhost, name))
 
     # -- blocking ------------------------------------------------------------
 
@@ -471,24 +358,16 @@ class Gateway(AdminViewsMixin, Hub):
             self._forced_vhosts.discard(vhost)
         self.wake(vhost)
 
-    # -- store quota (see StoreQuotas) ---------------------------------------
+    # -- store quota (the engine's side; the service feeds self.store_quotas) --
 
     @property
     def store_quota_on(self) -> bool:
         """True when ``--store-overfull-size`` is set."""
         return self.store_quotas.on
 
-    def observe_store(self, vhost: str, size: int, source: StoreSource) -> None:
-        """A measured store size for a vhost (see :meth:`StoreQuotas.observe`)."""
-        self.store_quotas.observe(vhost, size, source)
-
     def persistent_published(self, vhost: str, size: int) -> None:
         """Persistent bytes just relayed to a vhost (the store quota counts them)."""
         self.store_quotas.persistent_published(vhost, size)
-
-    def store_snapshots(self) -> list[StoreSnapshot]:
-        """Every vhost's store quota, by vhost name."""
-        return self.store_quotas.snapshots()
 
     # -- administrator stops -----------------------------------------------
 

@@ -10,15 +10,16 @@ which it never changes.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from mypy_extensions import trait
 
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
-from rabbitflow_broker.engine.flow import QueueFlow, ThresholdsSource
+from rabbitflow_broker.engine.flow import QueueFlow
 from rabbitflow_broker.events import ALL_QUEUES
 from rabbitflow_broker.hub.admin_stops import AdminStops
 from rabbitflow_broker.hub.ports import BlockedChannel, ClusterLink, Connection, QueueSnapshot
+from rabbitflow_broker.hub.thresholds import ThresholdBook
 
 __all__ = ["AdminViewsMixin"]
 
@@ -31,8 +32,7 @@ class AdminViewsMixin:
     depth: DepthTracker
     _clock: Callable[[], dt.datetime]
     _connections: dict[int, Connection]
-    _queue_args: dict[QueueKey, tuple[Mapping[str, object], Mapping[str, object]]]
-    _sources: dict[QueueKey, ThresholdsSource]
+    thresholds: ThresholdBook
     _flows: dict[QueueKey, QueueFlow]
     _stopped: set[QueueKey]
     _near: set[QueueKey]
@@ -84,7 +84,7 @@ class AdminViewsMixin:
 
     def queue_keys(self) -> list[QueueKey]:
         """Every queue the gateway knows, sorted."""
-        return sorted(set(self._queue_args) | set(self.depth))
+        return sorted(set(self.thresholds.declared_queues()) | set(self.depth))
 
     def blocked_channels(self) -> list[BlockedChannel]:
         """Every flowed channel of every connection."""
@@ -113,7 +113,7 @@ class AdminViewsMixin:
             messages=messages,
             bytes=size,
             thresholds=machine.thresholds,
-            source=self._sources.get(key, "none"),
+            source=self.thresholds.source(key),
             flow_stopped=stopped,
             flow_stopped_count=stopped_count,
             blocked_channels=blocked,

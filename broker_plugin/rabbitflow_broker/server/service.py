@@ -545,7 +545,7 @@ class GatewayService:
             _log.warning("store size not measured", error=str(exc))
             return
         for vhost, size in sizes.items():
-            self.gateway.observe_store(vhost, size, source)
+            self.gateway.store_quotas.observe(vhost, size, source)
 
     async def _store_loop(self) -> None:
         interval = self.config.store_poll_interval / 1000
