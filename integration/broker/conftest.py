@@ -67,6 +67,7 @@ class RunningGateway:
         self.admin_port = 0
         self.listen_port = options.pop("listen_port", 0)
         self.admin_listen_port = options.pop("admin_port", 0)
+        self._clients: list[pika.BlockingConnection] = []
 
     def start(self) -> RunningGateway:
         config = GatewayConfig(
@@ -121,7 +122,21 @@ class RunningGateway:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
     def connect(self) -> pika.BlockingConnection:
-        return pika.BlockingConnection(pika.URLParameters(self.url))
+        """A client connection through the gateway (closed by :meth:`close_clients`
+        if the test leaves it open)."""
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        self._clients.append(connection)
+        return connection
+
+    def close_clients(self) -> None:
+        """Close the client connections a test left open (one that failed
+        half-way): else their sockets are collected, with a ResourceWarning
+        that fails whichever test runs then."""
+        clients, self._clients = self._clients, []
+        for connection in clients:
+            if connection.is_open:
+                with contextlib.suppress(Exception):
+                    connection.close()
 
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the gateway's loop thread (to read its state safely)."""
@@ -186,6 +201,7 @@ def gateway_factory(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., Ru
 
     yield make
     for running in started:
+        running.close_clients()
         running.stop()
 
 

@@ -44,7 +44,7 @@ def test_disk_store_size_is_measured_and_crossing_it_blocks(
         assert overfull[0]["vhost"] == "/"
 
         def measured() -> object:
-            (snap,) = gateway.call(service.gateway.store_snapshots)
+            (snap,) = gateway.call(service.gateway.store_quotas.snapshots)
             # Past the 200 ms window the size is the disk measurement alone.
             return snap.source == "disk" and snap.size >= 30 * SIZE and snap
 
@@ -64,4 +64,5 @@ def test_disk_store_size_is_measured_and_crossing_it_blocks(
         assert [e["queue"] for e in enforced] == [ALL_QUEUES]
         connection.close()
     finally:
+        gateway.close_clients()
         gateway.stop()

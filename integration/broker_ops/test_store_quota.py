@@ -64,7 +64,7 @@ def test_store_quota_blocks_both_producers_and_draining_frees_them(
         assert [e["queue"] for e in enforced] == [ALL_QUEUES, ALL_QUEUES]
         assert len({(e["connection"], e["channel"]) for e in enforced}) == 2
         assert len(store_events("MST-1008")) == 1
-        snapshot = gateway.call(service.gateway.store_snapshots)
+        snapshot = gateway.call(service.gateway.store_quotas.snapshots)
         mine = [s for s in snapshot if s.vhost == fresh_vhost]
         assert mine
         assert mine[0].overfull

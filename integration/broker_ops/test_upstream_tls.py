@@ -112,4 +112,5 @@ def broker_factory_gateway(
 
     yield make
     for running in started:
+        running.close_clients()
         running.stop()
