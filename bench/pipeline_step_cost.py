@@ -6,12 +6,13 @@ Generates a small cluster's logs (two gateways), feeds them in ``--steps``
 equal slices of appended lines to ``--incremental`` steps
 (:func:`rabbitflow_pipeline.incremental.run_step`), then analyses the whole
 input in one batch run (:func:`rabbitflow_pipeline.batch.analyze`), twice,
-in the same local Spark session.  For each it prints the seconds, the Spark
-jobs run (the scheduler's job counter), each phase's seconds, and the
-seconds and jobs spent keeping rows (local checkpoints, ``Kept.keep``).
-Keeps that run at the same time (the batch run's steps run in parallel
-threads) each count the whole time and every job that ran meanwhile, so
-there the kept figures overlap and can exceed the run's own.
+in the same local Spark session, built as the job builds its own.  For
+each it prints the seconds, the Spark jobs run (the scheduler's job
+counter), each phase's seconds, and the seconds and jobs spent keeping
+rows (local checkpoints, ``Kept.keep``).  Keeps that run at the same time
+(the batch run's steps run in parallel threads) each count the whole time
+and every job that ran meanwhile, so there the kept figures overlap and
+can exceed the run's own.
 
 On a small log almost none of a step's time is data: it is the cost of
 its jobs, so this shows what a step costs whatever its size, and what
@@ -21,38 +22,19 @@ the incremental tests pay per step.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 from rabbitflow_pipeline import outputs
 from rabbitflow_pipeline.batch import analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import run_step
-from rabbitflow_pipeline.session import SPARK_CONF
-
-
-def _session() -> SparkSession:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("rabbitflow-step-cost")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "3g")
-    )
-    for key, value in SPARK_CONF.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+from rabbitflow_pipeline.session import build_session
 
 
 class _KeepMeter:
@@ -84,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="incremental steps")
     args = parser.parse_args(argv)
 
-    spark = _session()
+    spark = build_session("local[2]", "rabbitflow-step-cost")  # the job's own settings
     scheduler = spark.sparkContext._jsc.sc().dagScheduler()
 
     def jobs() -> int:
