@@ -132,7 +132,7 @@ class ThresholdBook:
         """The thresholds set at run time for a queue, if any."""
         return self._runtime.get(key)
 
-    # -- changes (each returns whether the queue's thresholds may have changed) --
+    # -- changes (the hub re-applies the thresholds where they may have changed) --
 
     def declared(
         self, key: QueueKey, arguments: Mapping[str, object] | None, policy: Mapping[str, object]
