@@ -1,9 +1,9 @@
 """Suite-wide settings: how the tests are shared out among parallel workers.
 
 ``scripts/test`` runs the suite on pytest-xdist workers (one more than the
-CPUs, ``--dist loadgroup``).  Each test goes to whichever worker is free, except the
-tests of one group below, which all run one after the other on the same
-worker (the biggest groups are handed out first):
+CPUs, ``--dist loadgroup``).  Each test goes to whichever worker is free,
+except the tests of one group below, which all run one after the other on
+the same worker (the biggest groups are handed out first):
 
 ``spark``
     The modules whose tests use the Spark session.  The session is a JVM

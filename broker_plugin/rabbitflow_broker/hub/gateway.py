@@ -230,7 +230,7 @@ class Gateway(AdminViewsMixin, Hub):
     ) -> None:
         """RabbitMQ confirmed a declare (or a snapshot listed the queue)."""
         key = (vhost, name)
-        self.thresholds.declared(key, arguments, policy or {})
+        self.thresholds.declared(key, arguments, policy)
         self.depth.get(key)
         self._rethreshold(key)
 

@@ -126,6 +126,7 @@ class ThresholdBook:
         return self._declared.keys()
 
     def knows(self, key: QueueKey) -> bool:
+        """Whether the queue was declared through the gateway or listed by a snapshot."""
         return key in self._declared
 
     def runtime(self, key: QueueKey) -> Thresholds | None:
@@ -135,10 +136,13 @@ class ThresholdBook:
     # -- changes (the hub re-applies the thresholds where they may have changed) --
 
     def declared(
-        self, key: QueueKey, arguments: Mapping[str, object] | None, policy: Mapping[str, object]
+        self,
+        key: QueueKey,
+        arguments: Mapping[str, object] | None,
+        policy: Mapping[str, object] | None,
     ) -> None:
         """RabbitMQ confirmed a declare: its arguments (a declare carries no
-        policy; ``policy`` empty keeps the one known)."""
+        policy; ``policy`` None or empty keeps the one known)."""
         old_policy = self._declared.get(key, _NOTHING)[1]
         self._declared[key] = (dict(arguments or {}), dict(policy or old_policy))
 
