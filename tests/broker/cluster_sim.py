@@ -116,6 +116,8 @@ class Simulation:
         self.owner = QueueOwner(QUEUE, stop, resume, batch=batch, lease=lease, epoch=1)
         self._next_poll = 0.0
         self.publishing = True
+        #: The largest grant the owners issued.
+        self.largest_grant = 0
 
     @property
     def bound(self) -> int:
@@ -205,6 +207,7 @@ class Simulation:
                 if isinstance(message, Request):
                     grant, update = self.owner.request(message, self.now, sharers=self.sharers)
                     if grant is not None:
+                        self.largest_grant = max(self.largest_grant, grant.amount)
                         self.bus.send(grant.member, grant)
                     if update is not None:
                         self._broadcast(update)

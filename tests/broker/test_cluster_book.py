@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant, Request
+from rabbitflow_broker.engine.cluster import (
+    MAX_RAMP_BATCHES,
+    Flow,
+    FlowUpdate,
+    Grant,
+    Report,
+    Request,
+)
 from rabbitflow_broker.engine.cluster_book import (
     DUE,
     FLOW_AFTER_S,
@@ -140,6 +147,29 @@ def test_far_below_the_stop_threshold_grants_share_the_room() -> None:
     assert 820 + owner.outstanding(KEY) <= 1000 + 2 * 10
 
 
+def test_a_member_that_asks_again_soon_gets_a_doubled_grant_within_the_room() -> None:
+    owner = OwnerBook("o", batch=10, lease=2.0, epoch=3, started_at=0.0)
+    kwargs = {"on": False, "stop": 100_000, "sharers": 2}
+
+    def ask(member: str, at: float, depth: int = 0) -> int:
+        grant = owner.grant(KEY, Request(member, NAME, at), at, depth=depth, **kwargs)
+        assert grant is not None
+        owner.settle(KEY, Report(member, NAME, grant.grant_id, grant.amount, 0, returned=True))
+        return grant.amount
+
+    assert ask("m1", 5.0) == 160  # MAX_GRANT_BATCHES batches
+    assert ask("m1", 5.1) == 320  # used within RAMP_LEASES: twice as much
+    assert ask("m1", 5.2) == 640
+    assert ask("m1", 5.6) == 640  # neither soon nor late: kept
+    assert ask("m1", 6.7) == 160  # after CALM_LEASES: back to the base
+    assert ask("m2", 6.7) == 160  # each member its own pace
+    for at in (6.72, 6.74, 6.76, 6.78, 6.8, 6.82, 6.84):
+        ask("m2", at)
+    assert ask("m2", 6.86) == MAX_RAMP_BATCHES * 10
+    # The room still caps it: (stop - depth - outstanding) / sharers.
+    assert ask("m2", 6.88, depth=99_000) == 500
+
+
 def test_a_member_asks_again_when_half_its_last_grant_is_used() -> None:
     book = _book()
     book.publish(KEY, 0, now=0.0)
@@ -190,10 +220,10 @@ def test_a_member_asks_when_half_the_last_grant_is_left_even_with_an_older_grant
     book.publish(KEY, 0, now=0.0)  # held: asks
     (first,) = book.requests(now=0.0)
     book.granted(KEY, _grant(first), now=0.0)  # 10: the debt of 1 paid, 9 left
-    flags = [book.published("/", frozenset({"orders"}), 0, 0.01) for _ in range(4)]
+    flags = [book.spend(KEY, 0, 0.01) for _ in range(4)]
     assert flags[-1] & DUE  # 5 left: half the grant
     (second,) = book.requests(now=0.01)
     book.granted(KEY, _grant(second, grant_id=(2 << 32) + 2), now=0.02)  # 15 left
-    flags = [book.published("/", frozenset({"orders"}), 0, 0.03) for _ in range(10)]
+    flags = [book.spend(KEY, 0, 0.03) for _ in range(10)]
     assert [bool(f & DUE) for f in flags] == [False] * 9 + [True]  # at 5 left
     assert book.requests(now=0.03)  # and the allowance asks then

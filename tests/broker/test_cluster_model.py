@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from rabbitflow_broker.engine.cluster import MAX_GRANT_BATCHES
 from tests.broker.cluster_sim import Simulation
 
 SEEDS = range(12)
@@ -30,6 +31,26 @@ def test_the_bound_holds_and_a_drained_queue_is_released(
     )
     sim.run(chaos_s=6.0, consume_rate=50, direct_share=0.5)
     assert sim.owner.flow_stopped_count >= 1  # the run did reach the stop
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_grants_of_fast_members_grow_and_the_bound_still_holds(seed: int) -> None:
+    # Far below a high stop threshold, members that use their grants fast get
+    # doubled ones (past MAX_GRANT_BATCHES batches), until the room runs out.
+    sim = Simulation(
+        seed,
+        room_grants=True,
+        members=3,
+        capacities=[30] * 6,
+        stop=2000,
+        resume=1000,
+        batch=5,
+        drop=0.05,
+        max_delay=0.02,
+    )
+    sim.run(chaos_s=12.0, consume_rate=50, direct_share=0.5)
+    assert sim.largest_grant > MAX_GRANT_BATCHES * 5
+    assert sim.owner.flow_stopped_count >= 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)

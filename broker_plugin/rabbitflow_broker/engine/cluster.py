@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "DEFAULT_LEASE_S",
     "MAX_GRANT_BATCHES",
+    "MAX_RAMP_BATCHES",
     "Flow",
     "FlowUpdate",
     "Grant",
@@ -69,8 +70,17 @@ __all__ = [
 DEFAULT_BATCH: Final = 100
 #: ``--cluster-lease``: how long a grant (and an owner's silence) may last.
 DEFAULT_LEASE_S: Final = 2.0
-#: Far below its stop threshold a queue's grants may reach this many batches.
+#: Far below its stop threshold a queue's grants may reach this many batches
+#: (a member's first, and one that asks no faster than :data:`RAMP_LEASES`).
 MAX_GRANT_BATCHES: Final = 16
+#: A member that asks again within this many leases of its last grant (it used
+#: half of it by then) may get twice as much next time, up to
+#: :data:`MAX_RAMP_BATCHES` batches: a fast publisher asks a few times a
+#: second, not once per 16 batches.  One that asks after more than
+#: :data:`CALM_LEASES` is back to :data:`MAX_GRANT_BATCHES`.
+RAMP_LEASES: Final = 0.125
+CALM_LEASES: Final = 0.5
+MAX_RAMP_BATCHES: Final = 256
 
 
 class Flow(enum.Enum):
@@ -137,6 +147,14 @@ class _Outstanding:
 
 
 @dataclass(slots=True)
+class _Pace:
+    """When a member was last granted allowance for a queue, and its cap."""
+
+    granted_at: float
+    batches: int = MAX_GRANT_BATCHES
+
+
+@dataclass(slots=True)
 class QueueOwner:
     """The owner's accounting of one queue.
 
@@ -161,6 +179,7 @@ class QueueOwner:
     changed_at: float = float("-inf")
     _grants: dict[int, _Outstanding] = field(default_factory=dict)
     _next_grant: int = 1
+    _paces: dict[str, _Pace] = field(default_factory=dict)
 
     @property
     def outstanding(self) -> int:
@@ -194,14 +213,26 @@ class QueueOwner:
         # out of ``room``, what the queue can take below its stop threshold
         # beside everything outstanding: then depth + outstanding <= stop.
         held = sum(g.remaining for g in self._grants.values() if g.member == request.member)
-        amount = max(self.batch - held, min(room, MAX_GRANT_BATCHES * self.batch) - held)
+        cap = self._cap(request.member, now)
+        amount = max(self.batch - held, min(room, cap * self.batch) - held)
         if amount <= 0:
             return None
+        self._paces[request.member] = _Pace(now, cap)
         # Ids carry the owner's epoch, so no two owners ever issue the same one.
         grant_id = (self.epoch << 32) + self._next_grant
         self._next_grant += 1
         self._grants[grant_id] = _Outstanding(request.member, amount, now + self.lease)
         return Grant(request.member, self.queue, grant_id, amount, request.asked_at, self.epoch)
+
+    def _cap(self, member: str, now: float) -> int:
+        """The most batches a grant to ``member`` may reach out of the room:
+        twice its last cap when it asks again soon after its last grant."""
+        pace = self._paces.get(member)
+        if pace is None or now - pace.granted_at > self.lease * CALM_LEASES:
+            return MAX_GRANT_BATCHES
+        if now - pace.granted_at <= self.lease * RAMP_LEASES:
+            return min(MAX_RAMP_BATCHES, pace.batches * 2)
+        return pace.batches
 
     def report(self, report: Report, now: float) -> FlowUpdate | None:
         """Used allowance joins the depth, removals leave it; a flow change, or None."""
@@ -236,6 +267,11 @@ class QueueOwner:
             if now >= grant.expires_at:
                 expired += grant.remaining
                 del self._grants[grant_id]
+        if self._paces:  # members gone quiet (or gone) start again from the base cap
+            for member in [
+                m for m, pace in self._paces.items() if now - pace.granted_at > self.lease
+            ]:
+                del self._paces[member]
         return expired
 
     def grant(self, request: Request, now: float, room: int = 0) -> Grant | None:
@@ -302,6 +338,8 @@ class MemberAllowance:
     asked_at: float | None = None
     #: The last grant's size: the next is asked for when half of it is left.
     last_amount: int = 0
+    #: Twice the allowance left at which to ask: the last grant, a batch at least.
+    ask_mark: int = 0
     #: Allowance left in the grants kept (expired ones too, until reported).
     left: int = 0
     _grants: list[_Held] = field(default_factory=list)
@@ -348,6 +386,7 @@ class MemberAllowance:
             self.asked_at = None
         self._grants.append(_Held(grant.grant_id, grant.amount, grant.asked_at + self.lease))
         self.last_amount = grant.amount
+        self.ask_mark = max(self.batch, grant.amount)
         self.left += grant.amount
 
     def flow_update(self, update: FlowUpdate) -> None:

@@ -2,7 +2,7 @@
 while it owns the accounting (pure; the caller passes ``now``).
 
 :class:`MemberBook` is what the hub consults on every publish routed to a
-queue: :meth:`MemberBook.publish` spends one message of allowance, or, when
+queue: :meth:`MemberBook.spend` spends one message of allowance, or, when
 there is none, counts a *debt* and puts the queue in :attr:`MemberBook.held`:
 the completions (confirms) of publishes routed there are held until a grant
 pays the debt.  A queue held for longer than :data:`FLOW_AFTER_S` joins
@@ -48,10 +48,12 @@ QueueKey = tuple[str, str]
 FLOW_AFTER_S: Final = 0.25
 #: How long the owner's "no thresholds" answer is trusted before asking again.
 FREE_FOR_S: Final = 5.0
-#: :meth:`MemberBook.published`: a queue's completions started being held.
+#: :meth:`MemberBook.spend`: a queue's completions started being held.
 NEW_HOLD: Final = 1
-#: :meth:`MemberBook.published`: a request is due (half a grant used).
+#: :meth:`MemberBook.spend`: a request is due (half a grant used).
 DUE: Final = 2
+#: :meth:`MemberBook.spend`: this publish's completion is held.
+HELD: Final = 4
 #: Removals are reported at least this often when nothing else goes out.
 REPORT_EVERY_S: Final = 0.25
 
@@ -91,42 +93,39 @@ class MemberBook:
             entry = self.queues[key] = _Queue(allowance)
         return entry
 
-    def publish(self, key: QueueKey, size: int, now: float) -> bool:
-        """A publish routed to ``key``: True when its completion may go."""
-        entry = self._queue(key)
+    def spend(self, key: QueueKey, size: int, now: float) -> int:
+        """A publish routed to ``key`` (the hub's per-publish call, once per
+        queue of the route): :data:`HELD` when its completion must wait,
+        with :data:`NEW_HOLD` when the queue's completions started being held
+        by it; :data:`DUE` while a request is due; 0 when it may complete and
+        nothing needs saying."""
+        entry = self.queues.get(key)
+        if entry is None:
+            entry = self._queue(key)
         entry.last_publish = now
         if now < entry.free_until:
-            return True
-        allowance = entry.allowance
-        if not entry.debt and allowance.take(now, size):
-            if allowance.left * 2 == max(self.batch, allowance.last_amount):
-                # Half the last grant left (the point at which the allowance
-                # asks): ask now, not at the next round, so that the grant
-                # arrives before the allowance ends.
-                self.due = True
-            return True
+            return DUE if self.due else 0
+        if not entry.debt:
+            allowance = entry.allowance
+            if allowance.take(now, size):
+                if allowance.left * 2 == allowance.ask_mark:
+                    # Half the last grant left (the point at which the allowance
+                    # asks): ask now, not at the next round, so that the grant
+                    # arrives before the allowance ends.
+                    self.due = True
+                return DUE if self.due else 0
         entry.debt += 1
         entry.debt_bytes += size
+        flags = HELD
         if entry.held_since is None:
             entry.held_since = now
             self.held.add(key)
-        return False
+            flags = HELD | NEW_HOLD
+        return flags | DUE if self.due else flags
 
-    def published(self, vhost: str, route: frozenset[str], size: int, now: float) -> int:
-        """A publish routed to ``route`` (the hub's per-publish call):
-        :data:`NEW_HOLD` when a queue's completions started being held,
-        :data:`DUE` when a request is due, 0 when nothing needs saying."""
-        held = self.held
-        flags = 0
-        for queue in route:
-            key = (vhost, queue)
-            if key in held:
-                self.publish(key, size, now)
-            elif not self.publish(key, size, now):
-                flags |= NEW_HOLD
-        if self.due:
-            flags |= DUE
-        return flags
+    def publish(self, key: QueueKey, size: int, now: float) -> bool:
+        """:meth:`spend` as a yes or no: True when the completion may go."""
+        return not self.spend(key, size, now) & HELD
 
     def removed(self, key: QueueKey, messages: int, size: int) -> None:
         """Messages left the queue through this member (acks, rejects...)."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rabbitflow_broker.engine import mirror
-from rabbitflow_broker.engine.cluster_book import NEW_HOLD, MemberBook
+from rabbitflow_broker.engine.cluster_book import DUE, NEW_HOLD, MemberBook
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
 from rabbitflow_broker.engine.flow import FlowState, QueueFlow, Thresholds
 from rabbitflow_broker.engine.frames import FrameError
@@ -546,20 +546,21 @@ class Gateway(AdminViewsMixin, Hub):
         """A publish routed to ``route`` was relayed (or a transaction committed)."""
         now = self._monotonic()
         tracker = self.depth
+        book = self._book
+        flags = 0
         for queue in route:
             key = (vhost, queue)
             depth = tracker.add(key, 1, size, now)
             if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
                 self._observe(key)
-        book = self._book
-        if book is not None:
-            flags = book.published(vhost, route, size, now)
-            if flags:
-                if flags & NEW_HOLD:
-                    self.calm = False
-                cluster = self.cluster
-                assert cluster is not None
-                cluster.kick()
+            if book is not None:
+                flags |= book.spend(key, size, now)
+        if flags & (NEW_HOLD | DUE):
+            if flags & NEW_HOLD:
+                self.calm = False
+            cluster = self.cluster
+            assert cluster is not None
+            cluster.kick()
 
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
         """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
