@@ -26,6 +26,7 @@ from rabbitflow_broker.engine.cluster import (
     Report,
     Request,
 )
+from rabbitflow_broker.engine.cluster_book import REPORT_EVERY_S
 
 QUEUE = "orders"
 STEP = 0.01
@@ -49,6 +50,7 @@ class Member:
     allowance: MemberAllowance
     held: list[tuple[int, int]] = field(default_factory=list)  # (producer, seq)
     alive: bool = True
+    last_report: float = float("-inf")
 
 
 @dataclass
@@ -167,9 +169,14 @@ class Simulation:
             self._confirm(self.producers[pid], seq)
         request = allowance.wants(self.now)
         if request is not None:
-            self.bus.send("owner", request)
-        for report in allowance.reports(self.now):
-            self.bus.send("owner", report)
+            self.bus.send("owner", request)  # it carries the reports up to now
+            member.last_report = self.now
+        elif self.now - member.last_report >= REPORT_EVERY_S:
+            # As a member's book does: use is reported with each request, else
+            # every REPORT_EVERY_S (a member may use a whole grant meanwhile).
+            member.last_report = self.now
+            for report in allowance.reports(self.now):
+                self.bus.send("owner", report)
 
     def _consume(self, rate: float, direct_share: float) -> None:
         for _ in range(self._poisson(rate * STEP)):

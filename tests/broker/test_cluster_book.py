@@ -14,10 +14,12 @@ from rabbitflow_broker.engine.cluster_book import (
     DUE,
     FLOW_AFTER_S,
     FREE_FOR_S,
+    HELD,
     REPORT_EVERY_S,
     MemberBook,
     OwnerBook,
 )
+from rabbitflow_broker.engine.depth import QueueDepth
 
 KEY = ("/", "orders")
 NAME = "/\x00orders"
@@ -71,10 +73,10 @@ def test_while_the_owner_says_on_nothing_completes_even_with_allowance() -> None
     book.publish(KEY, 0, now=0.0)
     (request,) = book.requests(now=0.0)
     book.granted(KEY, _grant(request), now=0.0)
-    book.flow(KEY, FlowUpdate(NAME, Flow.ON, 2))
+    book.flow(KEY, FlowUpdate(NAME, Flow.ON, 2), now=0.0)
     assert book.publish(KEY, 0, now=0.1) is False
     assert book.requests(now=1.0) == []  # nothing is asked while ON
-    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 2))
+    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 2), now=0.0)
     (ask,) = book.requests(now=1.0)  # asked at once when OFF again
     assert ask.asked_at == 1.0
 
@@ -112,7 +114,7 @@ def test_removals_are_reported_without_publishing() -> None:
 
 def test_an_older_epoch_grant_is_refused() -> None:
     book = _book()
-    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 3))
+    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 3), now=0.0)
     book.publish(KEY, 0, now=0.0)
     (request,) = book.requests(now=0.0)
     assert book.granted(KEY, _grant(request), now=0.0) is False  # epoch 2 < 3
@@ -227,3 +229,102 @@ def test_a_member_asks_when_half_the_last_grant_is_left_even_with_an_older_grant
     flags = [book.spend(KEY, 0, 0.03) for _ in range(10)]
     assert [bool(f & DUE) for f in flags] == [False] * 9 + [True]  # at 5 left
     assert book.requests(now=0.03)  # and the allowance asks then
+
+
+# -- publishes prepaid in the hub's depth entry ------------------------------------
+
+
+def _spend_like_the_hub(book: MemberBook, depth: QueueDepth, size: int, now: float) -> int:
+    """What the hub does per publish: spend what is prepaid, else ask the book."""
+    if depth.prepaid and now < depth.prepaid_until:
+        depth.prepaid -= 1
+        depth.prepaid_bytes += size
+        return 0
+    return book.spend(KEY, size, now, depth)
+
+
+def _granted_book(amount: int) -> MemberBook:
+    book = _book()  # batch 10, lease 2 s
+    book.publish(KEY, 0, now=0.0)  # held: asks
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request, amount=amount), now=0.0)  # the debt of 1 paid
+    return book
+
+
+def test_prepaid_publishes_are_reported_as_used_and_the_rest_goes_back() -> None:
+    book = _granted_book(100)  # 99 left: the ask comes at 50 left
+    depth = QueueDepth()
+    assert _spend_like_the_hub(book, depth, 10, now=0.1) == 0  # 98 left
+    assert depth.prepaid == 98 - 50 - 1  # up to one short of the ask point
+    assert depth.prepaid_until == 2.0  # the grant's lease
+    for _ in range(20):
+        assert _spend_like_the_hub(book, depth, 10, now=0.2) == 0
+    assert depth.prepaid == 27
+    (request,) = book.requests(now=0.25)  # a round settles it first
+    assert depth.prepaid == 0  # taken back
+    assert sum(r.used for r in request.reports) == 1 + 1 + 20
+    assert sum(r.used_bytes for r in request.reports) == 210
+    assert book.describe(now=0.25)[0]["allowance"] == 100 - 22
+
+
+def test_the_ask_still_comes_when_half_the_grant_is_left() -> None:
+    book = _granted_book(100)
+    depth = QueueDepth()
+    flags = [_spend_like_the_hub(book, depth, 0, now=0.1) for _ in range(48)]
+    assert not any(f & DUE for f in flags)
+    # The 50th use of the grant (the held publish it paid was the first): 50 left.
+    assert _spend_like_the_hub(book, depth, 0, now=0.1) & DUE
+    assert depth.prepaid == 0
+
+
+def test_prepaid_publishes_stop_with_the_grant_and_when_the_queue_goes_on() -> None:
+    book = _granted_book(100)
+    depth = QueueDepth()
+    _spend_like_the_hub(book, depth, 0, now=0.1)
+    assert depth.prepaid > 0
+    # Past the grant's lease nothing prepaid is spent: the book says held.
+    assert _spend_like_the_hub(book, depth, 0, now=2.0) & HELD
+    book = _granted_book(100)
+    depth = QueueDepth()
+    _spend_like_the_hub(book, depth, 0, now=0.1)
+    book.flow(KEY, FlowUpdate(NAME, Flow.ON, 2), now=0.2)
+    assert depth.prepaid == 0
+    assert _spend_like_the_hub(book, depth, 0, now=0.2) & HELD
+    assert KEY in book.held
+
+
+def test_a_queue_without_thresholds_is_prepaid_until_that_answer_lapses() -> None:
+    book = _book()
+    book.free(KEY, now=0.0)
+    depth = QueueDepth()
+    assert _spend_like_the_hub(book, depth, 0, now=0.1) == 0
+    assert depth.prepaid_until == FREE_FOR_S
+    book.governed(KEY)  # thresholds were set: the next publish asks
+    assert depth.prepaid == 0
+    assert _spend_like_the_hub(book, depth, 0, now=0.2) & HELD
+
+
+def test_top_ups_stop_while_another_members_large_grant_may_be_in_use() -> None:
+    # m1 takes a large grant out of the room and uses it without reporting
+    # yet; m2's top-ups go on only while depth + everything outstanding stays
+    # within stop + M x B, though the depth the owner has seen is below stop.
+    stop, batch, members = 300, 20, 2
+    owner = OwnerBook("o", batch=batch, lease=2.0, epoch=1, started_at=0.0)
+    kwargs = {"stop": stop, "sharers": members}
+    big = owner.grant(KEY, Request("m1", NAME, 0.0), 0.0, on=False, depth=0, **kwargs)
+    assert big is not None
+    assert big.amount == stop // members
+    depth = 0  # what the owner has counted: m2's reported use
+    used_by_m2 = 0
+    for step in range(100):
+        at = 0.01 * (step + 1)
+        on = depth > stop  # the owner's flow decision
+        grant = owner.grant(KEY, Request("m2", NAME, at), at, on=on, depth=depth, **kwargs)
+        if grant is None:
+            break
+        owner.settle(KEY, Report("m2", NAME, grant.grant_id, grant.amount, 0))
+        depth += grant.amount
+        used_by_m2 += grant.amount
+    confirmed = big.amount + used_by_m2  # m1's whole grant may be in use
+    assert confirmed <= stop + members * batch
+    assert used_by_m2 > batch  # m2 was topped up more than once meanwhile

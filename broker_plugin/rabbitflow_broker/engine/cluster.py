@@ -202,11 +202,16 @@ class QueueOwner:
             update = self.report(report, now) or update
         update = self.expire(now) or update
         room = 0
+        limit = None
         if sharers and self.stop:
-            room = (self.stop - self.depth - self.outstanding) // sharers
-        return self._grant(request, now, room), update
+            free = self.stop - self.depth - self.outstanding
+            room = free // sharers
+            limit = free + sharers * self.batch
+        return self._grant(request, now, room, limit), update
 
-    def _grant(self, request: Request, now: float, room: int = 0) -> Grant | None:
+    def _grant(
+        self, request: Request, now: float, room: int = 0, limit: int | None = None
+    ) -> Grant | None:
         if not self.granting(now) or self.flow is Flow.ON:
             return None
         # Topped up to one batch per member: outstanding <= M x B.  More only
@@ -215,6 +220,11 @@ class QueueOwner:
         held = sum(g.remaining for g in self._grants.values() if g.member == request.member)
         cap = self._cap(request.member, now)
         amount = max(self.batch - held, min(room, cap * self.batch) - held)
+        if limit is not None:
+            # Never past stop + M x B in all (depth plus everything outstanding):
+            # a member may still use a large grant it has not reported, while
+            # top-ups to the others go on until the depth passes stop.
+            amount = min(amount, limit)
         if amount <= 0:
             return None
         self._paces[request.member] = _Pace(now, cap)
@@ -274,14 +284,18 @@ class QueueOwner:
                 del self._paces[member]
         return expired
 
-    def grant(self, request: Request, now: float, room: int = 0) -> Grant | None:
+    def grant(
+        self, request: Request, now: float, room: int = 0, limit: int | None = None
+    ) -> Grant | None:
         """A grant for ``request`` when one is due (ledger only: the caller
         decides the flow state and sets :attr:`flow` first, and expires
         grants with :meth:`expire_grants`).  ``room``: messages the queue
         can take below its stop threshold beyond its depth and everything
         outstanding, shared out by the caller; a grant may use it up to
-        :data:`MAX_GRANT_BATCHES` batches."""
-        return self._grant(request, now, room)
+        :data:`MAX_GRANT_BATCHES` batches (more for a member that uses its
+        grants fast).  ``limit``: the most the grant may be, so that depth
+        plus everything outstanding stays within stop + M x B."""
+        return self._grant(request, now, room, limit)
 
     def held_by(self, member: str) -> int:
         """Outstanding allowance of one member."""
@@ -340,9 +354,13 @@ class MemberAllowance:
     last_amount: int = 0
     #: Twice the allowance left at which to ask: the last grant, a batch at least.
     ask_mark: int = 0
-    #: Allowance left in the grants kept (expired ones too, until reported).
+    #: Allowance left in the grants kept (expired ones too, until reported);
+    #: what is set aside (:meth:`set_aside`) is not in it until settled.
     left: int = 0
     _grants: list[_Held] = field(default_factory=list)
+    #: The grant allowance is set aside from, and how much (see :meth:`set_aside`).
+    _aside: _Held | None = None
+    _aside_amount: int = 0
 
     def available(self, now: float) -> int:
         """Allowance still usable at ``now``."""
@@ -364,6 +382,43 @@ class MemberAllowance:
                 self.left -= 1
                 return True
         return False
+
+    def set_aside(self, now: float) -> tuple[int, float]:
+        """Reserve allowance from the first usable grant for publishes the
+        caller counts itself, up to one short of the point at which the
+        allowance asks (so the publish that reaches it comes through
+        :meth:`take`): how many, and until when they may be used.  Nothing
+        while the queue is ON or something is set aside already."""
+        if self.flow is Flow.ON or self._aside is not None:
+            return 0, float("-inf")
+        most = self.left - self.ask_mark // 2 - 1
+        for grant in self._grants:
+            if grant.remaining and now < grant.valid_until:
+                amount = min(grant.remaining, most)
+                if amount <= 0:
+                    break
+                grant.remaining -= amount
+                self.left -= amount
+                self._aside = grant
+                self._aside_amount = amount
+                return amount, grant.valid_until
+        return 0, float("-inf")
+
+    def settle_aside(self, unused: int, used_bytes: int) -> int:
+        """What was set aside comes back: ``unused`` of it was not spent, the
+        rest (``used_bytes`` in all) joins the grant's use; how many were
+        spent.  Call it before anything reads the grants' use or what is left."""
+        grant = self._aside
+        if grant is None:
+            return 0
+        spent = self._aside_amount - unused
+        grant.remaining += unused
+        grant.used += spent
+        grant.used_bytes += used_bytes
+        self.left += unused
+        self._aside = None
+        self._aside_amount = 0
+        return spent
 
     def wants(self, now: float) -> Request | None:
         """A request when allowance runs low (half a batch) and none is pending

@@ -33,6 +33,7 @@ from rabbitflow_broker.engine.cluster import (
     Report,
     Request,
 )
+from rabbitflow_broker.engine.depth import QueueDepth
 
 __all__ = [
     "FLOW_AFTER_S",
@@ -56,6 +57,8 @@ DUE: Final = 2
 HELD: Final = 4
 #: Removals are reported at least this often when nothing else goes out.
 REPORT_EVERY_S: Final = 0.25
+#: Publishes prepaid to a queue without thresholds (its time limit is what counts).
+_FREE_PREPAID: Final = 1 << 40
 
 
 @dataclass(slots=True)
@@ -67,6 +70,10 @@ class _Queue:
     held_since: float | None = None
     last_report: float = float("-inf")
     last_publish: float = float("-inf")
+    #: The hub's depth entry of the queue while publishes are prepaid there
+    #: (see :meth:`MemberBook.spend`), and how many were prepaid.
+    prepaid_in: QueueDepth | None = None
+    prepaid: int = 0
 
 
 @dataclass(slots=True)
@@ -93,17 +100,35 @@ class MemberBook:
             entry = self.queues[key] = _Queue(allowance)
         return entry
 
-    def spend(self, key: QueueKey, size: int, now: float) -> int:
+    def spend(self, key: QueueKey, size: int, now: float, depth: QueueDepth | None = None) -> int:
         """A publish routed to ``key`` (the hub's per-publish call, once per
         queue of the route): :data:`HELD` when its completion must wait,
         with :data:`NEW_HOLD` when the queue's completions started being held
         by it; :data:`DUE` while a request is due; 0 when it may complete and
-        nothing needs saying."""
+        nothing needs saying.
+
+        Given the hub's ``depth`` entry of the queue, a publish that may
+        complete also prepays the next ones there: the allowance up to one
+        short of the point at which it asks, set aside from one grant and
+        valid as long as that grant (or, for a queue without thresholds, as
+        long as that answer).  The hub spends those without calling here;
+        what it spent is settled at the next call for the queue, at each
+        round (:meth:`requests`, :meth:`busy`) and before any change of the
+        queue's flow, and what it did not spend goes back to the grant.
+        """
         entry = self.queues.get(key)
         if entry is None:
             entry = self._queue(key)
+        if entry.prepaid_in is not None:
+            self._settle(entry, now)
         entry.last_publish = now
         if now < entry.free_until:
+            if depth is not None:
+                depth.prepaid = _FREE_PREPAID
+                depth.prepaid_bytes = 0
+                depth.prepaid_until = entry.free_until
+                entry.prepaid_in = depth
+                entry.prepaid = _FREE_PREPAID
             return DUE if self.due else 0
         if not entry.debt:
             allowance = entry.allowance
@@ -113,6 +138,14 @@ class MemberBook:
                     # asks): ask now, not at the next round, so that the grant
                     # arrives before the allowance ends.
                     self.due = True
+                elif depth is not None:
+                    amount, until = allowance.set_aside(now)
+                    if amount:
+                        depth.prepaid = amount
+                        depth.prepaid_bytes = 0
+                        depth.prepaid_until = until
+                        entry.prepaid_in = depth
+                        entry.prepaid = amount
                 return DUE if self.due else 0
         entry.debt += 1
         entry.debt_bytes += size
@@ -127,6 +160,26 @@ class MemberBook:
         """:meth:`spend` as a yes or no: True when the completion may go."""
         return not self.spend(key, size, now) & HELD
 
+    def _settle(self, entry: _Queue, now: float) -> None:
+        """Take back what the hub did not spend of its prepaid publishes; the
+        rest joins the grant's use (``now``: the latest they can have been)."""
+        depth = entry.prepaid_in
+        if depth is None:
+            return
+        unused = max(0, depth.prepaid)
+        if unused < entry.prepaid:
+            entry.last_publish = now
+        entry.allowance.settle_aside(unused, depth.prepaid_bytes)
+        depth.prepaid = depth.prepaid_bytes = 0
+        depth.prepaid_until = float("-inf")
+        entry.prepaid_in = None
+        entry.prepaid = 0
+
+    def _settle_all(self, now: float) -> None:
+        for entry in self.queues.values():
+            if entry.prepaid_in is not None:
+                self._settle(entry, now)
+
     def removed(self, key: QueueKey, messages: int, size: int) -> None:
         """Messages left the queue through this member (acks, rejects...)."""
         allowance = self._queue(key).allowance
@@ -137,6 +190,7 @@ class MemberBook:
         """What to ask the owner now: allowance for queues running low or in
         debt, the first answer for queues never asked about, and removal
         reports that waited long enough."""
+        self._settle_all(now)
         out: list[Request] = []
         for _key, entry in self.queues.items():
             free = now < entry.free_until
@@ -183,6 +237,7 @@ class MemberBook:
         a grant still open, or a queue published to within a lease."""
         if self.held or self.due:
             return True
+        self._settle_all(now)
         for entry in self.queues.values():
             allowance = entry.allowance
             if (
@@ -226,6 +281,7 @@ class MemberBook:
         """The owner says the queue has no thresholds: no allowance needed for
         a while, and held publishes go.  True when the queue was held."""
         entry = self._queue(key)
+        self._settle(entry, now)
         entry.free_until = now + FREE_FOR_S
         entry.allowance.asked_at = None
         entry.debt = entry.debt_bytes = 0
@@ -235,12 +291,16 @@ class MemberBook:
         """Thresholds were set on the queue: ask before the next completion."""
         entry = self.queues.get(key)
         if entry is not None:
+            self._settle(entry, entry.last_publish)
             entry.free_until = float("-inf")
 
-    def flow(self, key: QueueKey, update: FlowUpdate) -> None:
-        """The owner's flow state of a queue."""
+    def flow(self, key: QueueKey, update: FlowUpdate, now: float) -> None:
+        """The owner's flow state of a queue (what the hub holds prepaid
+        comes back first: an ON queue's publishes wait)."""
         self.epoch = max(self.epoch, update.epoch)
-        self._queue(key).allowance.flow_update(update)
+        entry = self._queue(key)
+        self._settle(entry, now)
+        entry.allowance.flow_update(update)
 
     def tick(self, now: float) -> set[QueueKey]:
         """Promote long holds to flowed; the queues that changed."""
@@ -254,12 +314,15 @@ class MemberBook:
 
     def forget(self, key: QueueKey) -> None:
         """The queue is gone."""
-        self.queues.pop(key, None)
+        entry = self.queues.pop(key, None)
+        if entry is not None:
+            self._settle(entry, entry.last_publish)
         self.held.discard(key)
         self.flowed.discard(key)
 
     def describe(self, now: float) -> list[dict[str, object]]:
         """Per queue: allowance left, debt, and whether held (for the admin API)."""
+        self._settle_all(now)
         return [
             {
                 "vhost": key[0],
@@ -320,14 +383,18 @@ class OwnerBook:
         """A grant for a member's request, when the queue is OFF and one is
         due.  With a stop threshold (``stop`` messages) and the queue's
         ``depth``, what the queue can still take beside everything
-        outstanding is shared among ``sharers`` members: far below the
-        threshold a grant may be larger than a batch."""
+        outstanding is shared among ``sharers`` members (M): far below the
+        threshold a grant may be larger than a batch, and no grant takes
+        depth plus everything outstanding past stop + M x B."""
         ledger = self.ledger(key)
         ledger.flow = Flow.ON if on else Flow.OFF
         room = 0
+        limit = None
         if stop:
-            room = (stop - depth - ledger.outstanding) // max(1, sharers)
-        return ledger.grant(request, now, room)
+            free = stop - depth - ledger.outstanding
+            room = free // max(1, sharers)
+            limit = free + max(1, sharers) * self.batch
+        return ledger.grant(request, now, room, limit)
 
     def expire(self, now: float) -> dict[QueueKey, int]:
         """Expired grants per queue: their remainder counts as enqueued."""

@@ -46,6 +46,12 @@ class QueueDepth:
     hi_bytes: float = -1
     lo_messages: float = float("inf")
     lo_bytes: float = float("inf")
+    #: Allowance a cluster member set aside for the queue's next publishes
+    #: (``MemberBook.spend``): while ``prepaid_until`` is ahead, a publish
+    #: takes one and adds its size to ``prepaid_bytes``, without asking the book.
+    prepaid: int = 0
+    prepaid_bytes: int = 0
+    prepaid_until: float = float("-inf")
 
 
 class DepthTracker:

@@ -554,7 +554,11 @@ class Gateway(AdminViewsMixin, Hub):
             if depth.messages > depth.hi_messages or depth.bytes > depth.hi_bytes:
                 self._observe(key)
             if book is not None:
-                flags |= book.spend(key, size, now)
+                if depth.prepaid and now < depth.prepaid_until:
+                    depth.prepaid -= 1  # allowance the member's book set aside here
+                    depth.prepaid_bytes += size
+                else:
+                    flags |= book.spend(key, size, now, depth)
         if flags & (NEW_HOLD | DUE):
             if flags & NEW_HOLD:
                 self.calm = False

@@ -192,10 +192,11 @@ class ClusterNode:
             self._send_request(request)
 
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
+        now = self._monotonic()
         self.book.flow(
-            key, FlowUpdate(queue_name(key), Flow.ON if stopped else Flow.OFF, self.epoch)
+            key, FlowUpdate(queue_name(key), Flow.ON if stopped else Flow.OFF, self.epoch), now
         )
-        self._broadcast_state(self._monotonic())
+        self._broadcast_state(now)
 
     def stops_changed(self) -> None:
         stops = [list(stop) for stop in self.gateway.admin_stop_keys()]
@@ -406,7 +407,7 @@ class ClusterNode:
         on = {(str(v), str(q)) for v, q in message["on"]}
         for key in set(self.book.queues) | on:
             flow = Flow.ON if key in on else Flow.OFF
-            self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch))
+            self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch), now)
         self.gateway.set_cluster_flow(on)
         if not self._stops_seen:
             self._apply_stops(message["stops"])
