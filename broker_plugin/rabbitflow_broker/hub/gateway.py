@@ -124,8 +124,7 @@ class Gateway(AdminViewsMixin, Hub):
         self._shared: dict[QueueKey, tuple[int, int, int]] = {}  # see AdminViewsMixin
 
     def join_cluster(self, cluster: ClusterLink) -> None:
-        """Make this hub a cluster member's: the owner decides every queue's
-        flow, and completions need the member's allowance."""
+        """Make this hub a cluster member's (the owner decides flow; completions need allowance)."""
         self.cluster = cluster
         self._book = cluster.book
         self._held = cluster.book.held
@@ -546,8 +545,7 @@ class Gateway(AdminViewsMixin, Hub):
         """A publish routed to ``route`` was relayed (or a transaction committed)."""
         now = self._monotonic()
         tracker = self.depth
-        book = self._book
-        flags = 0
+        book, flags = self._book, 0
         for queue in route:
             key = (vhost, queue)
             depth = tracker.add(key, 1, size, now)
@@ -559,12 +557,10 @@ class Gateway(AdminViewsMixin, Hub):
                     depth.prepaid_bytes += size
                 else:
                     flags |= book.spend(key, size, now, depth)
-        if flags & (NEW_HOLD | DUE):
-            if flags & NEW_HOLD:
-                self.calm = False
-            cluster = self.cluster
-            assert cluster is not None
-            cluster.kick()
+        if flags & NEW_HOLD:
+            self.calm = False
+        if flags & (NEW_HOLD | DUE) and self.cluster is not None:
+            self.cluster.kick()
 
     def removed(self, vhost: str, queue: str, messages: int, size: int) -> None:
         """Messages left a queue (acked, rejected, no-ack delivery, nacked publish)."""
