@@ -28,23 +28,34 @@ Exit status: 0 success; 1 the gateway could not be reached, refused the
 credentials, or does not know the queue or the endpoint; 2 bad usage or a
 value the gateway refused (400, or 406 on the declare).  Errors are one
 line on stderr, never a traceback.
+
+This module holds the options, the commands and the entry point.  How the
+commands reach the gateway (HTTP, AMQP, :class:`CliError`) is in
+:mod:`rabbitflow_broker.cli.config_client`; the text they print, in
+:mod:`rabbitflow_broker.cli.config_output`.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import getpass
 import json
 import logging
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
+
+from rabbitflow_broker.cli.config_client import (
+    EXIT_USAGE,
+    PASSWORD_ENV,
+    AdminClient,
+    CliError,
+    declare_queue,
+    delete_queue,
+)
+from rabbitflow_broker.cli.config_output import format_count, format_queue, format_queues
 
 __all__ = [
     "DEFAULT_ADMIN_URL",
@@ -59,10 +70,6 @@ DEFAULT_ADMIN_URL = "http://127.0.0.1:15673"
 DEFAULT_GATEWAY_URL = "amqp://guest:guest@127.0.0.1:5673/%2F"
 PROG = "rabbitflow-config"
 
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-
-PASSWORD_ENV = "RABBITFLOW_ADMIN_PASSWORD"
 USER_ENV = "RABBITFLOW_ADMIN_USER"
 
 #: CLI option (dest) -> admin API key / declare argument.
@@ -72,120 +79,6 @@ _FLOW_OPTIONS = {
     "flow_stop_size": ("flowStopSize", "qpid.flow_stop_size"),
     "flow_resume_size": ("flowResumeSize", "qpid.flow_resume_size"),
 }
-
-
-class CliError(Exception):
-    """A failure reported as one line on stderr with ``exit_code``."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdminClient:
-    """A small synchronous client of the gateway's admin API.
-
-    Every method raises :class:`CliError` with a one-line message for an
-    unreachable gateway, a refused request or an unexpected answer.
-    """
-
-    base_url: str
-    user: str | None = None
-    password: str | None = None
-    timeout: float = 10.0
-
-    def request(self, method: str, path: str, body: object | None = None) -> Any:
-        """Send one request; return the decoded JSON answer.
-
-        Raises:
-            CliError: connection failure (exit 1), 400 (exit 2), 401/403/404
-                and other HTTP errors (exit 1), or a non-JSON answer.
-        """
-        url = self.base_url.rstrip("/") + path
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method)
-        request.add_header("Accept", "application/json")
-        if data is not None:
-            request.add_header("Content-Type", "application/json")
-        if self.user is not None:
-            token = f"{self.user}:{self.password or ''}".encode()
-            request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raise _http_error(method, path, exc) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise CliError(
-                f"cannot reach the gateway admin API at {self.base_url}: {reason}"
-            ) from None
-        try:
-            return json.loads(raw) if raw else None
-        except ValueError:
-            raise CliError(f"{method} {path}: the answer is not JSON") from None
-
-    def queues(self) -> list[dict[str, Any]]:
-        """``GET /api/queues``."""
-        answer = self.request("GET", "/api/queues")
-        if not isinstance(answer, list):
-            raise CliError("GET /api/queues: expected a JSON list")
-        return answer
-
-    def queue(self, vhost: str, name: str) -> dict[str, Any]:
-        """``GET /api/queues/{vhost}/{name}``."""
-        answer = self.request("GET", _queue_path(vhost, name))
-        if not isinstance(answer, dict):
-            raise CliError(f"GET {_queue_path(vhost, name)}: expected a JSON object")
-        return answer
-
-    def set_flow(self, vhost: str, name: str, changes: Mapping[str, int]) -> dict[str, Any]:
-        """``PUT /api/queues/{vhost}/{name}/flow``."""
-        path = _queue_path(vhost, name) + "/flow"
-        answer = self.request("PUT", path, dict(changes))
-        if not isinstance(answer, dict):
-            raise CliError(f"PUT {path}: expected a JSON object")
-        return answer
-
-    def producers(self, action: str, vhost: str | None, queue: str | None) -> Any:
-        """``POST /api/producers/{stop|start}`` with the optional vhost and queue."""
-        body: dict[str, str] = {}
-        if vhost is not None:
-            body["vhost"] = vhost
-        if queue is not None:
-            body["queue"] = queue
-        return self.request("POST", f"/api/producers/{action}", body)
-
-
-def _queue_path(vhost: str, name: str) -> str:
-    return f"/api/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
-
-
-def _http_error(method: str, path: str, exc: urllib.error.HTTPError) -> CliError:
-    try:
-        raw = exc.read()
-    except OSError:
-        raw = b""
-    try:
-        body = json.loads(raw) if raw else None
-    except ValueError:
-        body = None
-    detail = body.get("error") if isinstance(body, dict) else None
-    if exc.code in (401, 403):
-        return CliError(
-            f"the gateway admin API refused the credentials ({exc.code}); "
-            f"give --user and --password (or ${PASSWORD_ENV})"
-        )
-    if exc.code == 404 and detail is None:
-        # aiohttp's own 404 (plain text): the route does not exist on this gateway.
-        return CliError(
-            f"this gateway does not support {method} {path} (404 Not Found); "
-            "it is probably older than this rabbitflow-config"
-        )
-    if exc.code == 400:
-        return CliError(f"refused: {detail or exc.reason}", EXIT_USAGE)
-    return CliError(f"{detail or exc.reason} (HTTP {exc.code})")
 
 
 def declare_arguments(
@@ -213,79 +106,6 @@ def declare_arguments(
         if value is not None:
             arguments[_FLOW_OPTIONS[option][1]] = value
     return arguments
-
-
-# -- output -------------------------------------------------------------------------
-
-
-def _n(value: object) -> str:
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
-
-
-def _pair(queue: Mapping[str, Any], stop: str, resume: str) -> str:
-    return f"{_n(queue.get(stop, 0))}/{_n(queue.get(resume, 0))}"
-
-
-def _blocked(queue: Mapping[str, Any]) -> list[str]:
-    return [
-        f"con:{c.get('connection')}/ch:{c.get('channel')}"
-        for c in queue.get("blockedChannels") or []
-        if isinstance(c, Mapping)
-    ]
-
-
-def format_queues(queues: Sequence[Mapping[str, Any]]) -> str:
-    """The ``queues`` table."""
-    header = (
-        "vhost",
-        "queue",
-        "msgs",
-        "bytes",
-        "stop/resume count",
-        "stop/resume size",
-        "flowStopped",
-        "flowStoppedCount",
-        "blocked",
-    )
-    rows = [header]
-    for q in queues:
-        rows.append(
-            (
-                str(q.get("vhost", "")),
-                str(q.get("name", "")),
-                _n(q.get("messages", 0)),
-                _n(q.get("bytes", 0)),
-                _pair(q, "flowStopCount", "flowResumeCount"),
-                _pair(q, "flowStopSize", "flowResumeSize"),
-                "Y" if q.get("flowStopped") else "N",
-                _n(q.get("flowStoppedCount", 0)),
-                str(len(q.get("blockedChannels") or [])),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("=" * w for w in widths))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def format_queue(q: Mapping[str, Any]) -> str:
-    """The ``queue NAME`` details."""
-    fields = [
-        ("name", q.get("name")),
-        ("vhost", q.get("vhost")),
-        ("messages", _n(q.get("messages", 0))),
-        ("bytes", _n(q.get("bytes", 0))),
-        ("flowStopCount", _n(q.get("flowStopCount", 0))),
-        ("flowResumeCount", _n(q.get("flowResumeCount", 0))),
-        ("flowStopSize", _n(q.get("flowStopSize", 0))),
-        ("flowResumeSize", _n(q.get("flowResumeSize", 0))),
-        ("thresholdsSource", q.get("source", "?")),
-        ("flowStopped", q.get("flowStopped")),
-        ("flowStoppedCount", _n(q.get("flowStoppedCount", 0))),
-        ("blockedChannels", ", ".join(_blocked(q)) or "none"),
-    ]
-    width = max(len(k) for k, _ in fields)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in fields)
 
 
 # -- commands ----------------------------------------------------------------------
@@ -353,7 +173,13 @@ def _cmd_add(args: argparse.Namespace, _client: AdminClient) -> int:
         overflow=args.overflow,
         flow=_flow_values(args),
     )
-    vhost = _declare(args.gateway_url, getattr(args, "vhost", None), args.name, args, arguments)
+    vhost = declare_queue(
+        args.gateway_url,
+        getattr(args, "vhost", None),
+        args.name,
+        durable=args.durable,
+        arguments=arguments,
+    )
     shown = ", ".join(f"{k}={v}" for k, v in arguments.items()) or "no arguments"
     durable = "durable" if args.durable else "transient"
     print(f"Queue {args.name!r} declared in vhost {vhost!r} ({durable}; {shown})")
@@ -361,79 +187,18 @@ def _cmd_add(args: argparse.Namespace, _client: AdminClient) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace, _client: AdminClient) -> int:
-    vhost, messages = _delete(args.gateway_url, getattr(args, "vhost", None), args)
-    print(f"Queue {args.name!r} deleted in vhost {vhost!r} ({_n(messages)} messages with it)")
+    vhost, messages = delete_queue(
+        args.gateway_url,
+        getattr(args, "vhost", None),
+        args.name,
+        if_unused=args.if_unused,
+        if_empty=args.if_empty,
+    )
+    print(
+        f"Queue {args.name!r} deleted in vhost {vhost!r} "
+        f"({format_count(messages)} messages with it)"
+    )
     return 0
-
-
-def _connect(gateway_url: str, vhost: str | None) -> tuple[Any, Any]:
-    """A pika connection to the gateway and its parameters."""
-    # pika is imported here only: the read-only commands need no AMQP library.
-    import pika
-    import pika.exceptions
-
-    try:
-        parameters = pika.URLParameters(gateway_url)
-    except Exception as exc:  # pika raises assorted errors for a bad URL
-        raise CliError(f"--gateway-url: bad AMQP URL {gateway_url!r}: {exc}", EXIT_USAGE) from None
-    if vhost is not None:
-        parameters.virtual_host = vhost
-    parameters.connection_attempts = 1
-    parameters.socket_timeout = 10
-    parameters.blocked_connection_timeout = 10
-    try:
-        connection = pika.BlockingConnection(parameters)
-    except pika.exceptions.ProbableAuthenticationError:
-        raise CliError(f"the gateway at {gateway_url} refused the credentials") from None
-    except pika.exceptions.ProbableAccessDeniedError:
-        raise CliError(
-            f"access to vhost {parameters.virtual_host!r} refused at {gateway_url}"
-        ) from None
-    except pika.exceptions.AMQPError as exc:
-        raise CliError(f"cannot reach the gateway at {gateway_url}: {exc!r}") from None
-    return connection, parameters
-
-
-def _delete(gateway_url: str, vhost: str | None, args: argparse.Namespace) -> tuple[str, int]:
-    import pika.exceptions
-
-    connection, parameters = _connect(gateway_url, vhost)
-    try:
-        channel = connection.channel()
-        frame = channel.queue_delete(args.name, if_unused=args.if_unused, if_empty=args.if_empty)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
-        raise CliError(f"delete refused ({exc.reply_code}): {exc.reply_text}", code) from None
-    except pika.exceptions.AMQPError as exc:
-        raise CliError(f"delete failed: {exc!r}") from None
-    finally:
-        if connection.is_open:
-            connection.close()
-    return str(parameters.virtual_host), int(frame.method.message_count)
-
-
-def _declare(
-    gateway_url: str,
-    vhost: str | None,
-    name: str,
-    args: argparse.Namespace,
-    arguments: dict[str, object],
-) -> str:
-    import pika.exceptions
-
-    connection, parameters = _connect(gateway_url, vhost)
-    try:
-        channel = connection.channel()
-        channel.queue_declare(name, durable=args.durable, arguments=arguments or None)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
-        raise CliError(f"declare refused ({exc.reply_code}): {exc.reply_text}", code) from None
-    except pika.exceptions.AMQPError as exc:
-        raise CliError(f"declare failed: {exc!r}") from None
-    finally:
-        if connection.is_open:
-            connection.close()
-    return str(parameters.virtual_host)
 
 
 def _vhost(args: argparse.Namespace) -> str:
