@@ -13,10 +13,11 @@ pika only when an AMQP command runs.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -182,6 +183,26 @@ def _connect(gateway_url: str, vhost: str | None) -> tuple[Any, Any]:
     return connection, parameters
 
 
+@contextlib.contextmanager
+def _channel(gateway_url: str, vhost: str | None, what: str) -> Iterator[tuple[Any, Any]]:
+    """A channel on a new connection to the gateway, and the connection's
+    parameters; a refusal on it becomes a :class:`CliError` naming ``what``
+    (406, a precondition: exit 2), and the connection is closed after."""
+    import pika.exceptions
+
+    connection, parameters = _connect(gateway_url, vhost)
+    try:
+        yield connection.channel(), parameters
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
+        raise CliError(f"{what} refused ({exc.reply_code}): {exc.reply_text}", code) from None
+    except pika.exceptions.AMQPError as exc:
+        raise CliError(f"{what} failed: {exc!r}") from None
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
 def delete_queue(
     gateway_url: str, vhost: str | None, name: str, *, if_unused: bool, if_empty: bool
 ) -> tuple[str, int]:
@@ -193,20 +214,8 @@ def delete_queue(
         CliError: a bad URL or a refused delete (406: exit 2), an unreachable
             gateway, refused credentials or another refusal (exit 1).
     """
-    import pika.exceptions
-
-    connection, parameters = _connect(gateway_url, vhost)
-    try:
-        channel = connection.channel()
+    with _channel(gateway_url, vhost, "delete") as (channel, parameters):
         frame = channel.queue_delete(name, if_unused=if_unused, if_empty=if_empty)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
-        raise CliError(f"delete refused ({exc.reply_code}): {exc.reply_text}", code) from None
-    except pika.exceptions.AMQPError as exc:
-        raise CliError(f"delete failed: {exc!r}") from None
-    finally:
-        if connection.is_open:
-            connection.close()
     return str(parameters.virtual_host), int(frame.method.message_count)
 
 
@@ -227,18 +236,6 @@ def declare_queue(
             an unreachable gateway, refused credentials or another refusal
             (exit 1).
     """
-    import pika.exceptions
-
-    connection, parameters = _connect(gateway_url, vhost)
-    try:
-        channel = connection.channel()
+    with _channel(gateway_url, vhost, "declare") as (channel, parameters):
         channel.queue_declare(name, durable=durable, arguments=dict(arguments) or None)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        code = EXIT_USAGE if exc.reply_code == 406 else EXIT_ERROR
-        raise CliError(f"declare refused ({exc.reply_code}): {exc.reply_text}", code) from None
-    except pika.exceptions.AMQPError as exc:
-        raise CliError(f"declare failed: {exc!r}") from None
-    finally:
-        if connection.is_open:
-            connection.close()
     return str(parameters.virtual_host)
