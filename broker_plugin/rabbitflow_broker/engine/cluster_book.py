@@ -76,6 +76,16 @@ class _Queue:
     prepaid: int = 0
 
 
+def _prepay(entry: _Queue, depth: QueueDepth, amount: int, until: float) -> None:
+    """Let the hub complete ``amount`` publishes to the queue until ``until``
+    without asking (settled by :meth:`MemberBook._settle`)."""
+    depth.prepaid = amount
+    depth.prepaid_bytes = 0
+    depth.prepaid_until = until
+    entry.prepaid_in = depth
+    entry.prepaid = amount
+
+
 @dataclass(slots=True)
 class MemberBook:
     """One member's allowances for every queue it has published to."""
@@ -124,11 +134,7 @@ class MemberBook:
         entry.last_publish = now
         if now < entry.free_until:
             if depth is not None:
-                depth.prepaid = _FREE_PREPAID
-                depth.prepaid_bytes = 0
-                depth.prepaid_until = entry.free_until
-                entry.prepaid_in = depth
-                entry.prepaid = _FREE_PREPAID
+                _prepay(entry, depth, _FREE_PREPAID, entry.free_until)
             return DUE if self.due else 0
         if not entry.debt:
             allowance = entry.allowance
@@ -141,11 +147,7 @@ class MemberBook:
                 elif depth is not None:
                     amount, until = allowance.set_aside(now)
                     if amount:
-                        depth.prepaid = amount
-                        depth.prepaid_bytes = 0
-                        depth.prepaid_until = until
-                        entry.prepaid_in = depth
-                        entry.prepaid = amount
+                        _prepay(entry, depth, amount, until)
                 return DUE if self.due else 0
         entry.debt += 1
         entry.debt_bytes += size
