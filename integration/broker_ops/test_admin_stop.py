@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from urllib.parse import quote
 
 import pytest
 
@@ -38,9 +39,10 @@ def _connections_of(gateway: RunningGateway, queue: str) -> set[int]:
 
 
 def _run_stop_start(
-    gateway: RunningGateway, queue: str, stop_args: list[str], blocker: str
+    gateway: RunningGateway, queue: str, stop_args: list[str], blocker: str, vhost: str = "/"
 ) -> None:
-    producer = SdkProducer(gateway.url, queue, pid="p", capacity=CAPACITY)
+    url = gateway.url.rsplit("/", 1)[0] + "/" + quote(vhost, safe="")
+    producer = SdkProducer(url, queue, pid="p", capacity=CAPACITY)
     producer.start()
     try:
         wait_for(lambda: producer.sent > 10, what="the producer sending")
@@ -52,11 +54,11 @@ def _run_stop_start(
         assert len(enforced) == 1
         wait_for(lambda: _blocked_on(gateway, queue) == [[blocker]], what="the channel flowed")
         # Stopped: the producer may fill its window of unconfirmed sends, no more.
-        depth_at_stop = gateway.queue(queue)["messages"]
+        depth_at_stop = gateway.queue(queue, vhost)["messages"]
         sent_at_stop = producer.sent
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
-            assert gateway.queue(queue)["messages"] <= depth_at_stop + CAPACITY
+            assert gateway.queue(queue, vhost)["messages"] <= depth_at_stop + CAPACITY
             assert producer.sent <= sent_at_stop + CAPACITY
             time.sleep(0.05)
         assert not gateway.events("CHN-1006")
@@ -86,10 +88,9 @@ def test_stop_producers_of_a_queue_blocks_and_start_frees_a_running_producer(
 
 
 def test_stop_producers_of_a_vhost_names_all_queues(
-    gateway: RunningGateway,
-    unique_name: Callable[[str], str],
-    cleanup_queues: list[str],
+    gateway: RunningGateway, unique_name: Callable[[str], str], fresh_vhost: str
 ) -> None:
-    queue = unique_name("stopvh")
-    cleanup_queues.append(queue)
-    _run_stop_start(gateway, queue, ["--vhost", "/"], ALL_QUEUES)
+    # A vhost of its own: a stop is kept in the shared RabbitMQ while it lasts,
+    # and a gateway another test starts meanwhile would restore a stop of "/".
+    queue = unique_name("stopvh")  # goes with the vhost
+    _run_stop_start(gateway, queue, ["--vhost", fresh_vhost], ALL_QUEUES, fresh_vhost)
