@@ -10,10 +10,12 @@ the same worker (the biggest groups are handed out first):
     of several GiB that takes many seconds of CPU to start and gets faster
     as it runs (compiled plans are cached): one worker owns it instead of
     each starting its own.  (Two sessions on two workers were tried twice:
-    on two cores they only slowed each other down.)  The tests that start
-    real Spark clusters (a standalone master and worker, a Spark Connect
-    server: six minutes here) run only with ``RABBITFLOW_TEST_SPARK_CLUSTERS=1``
-    and are otherwise deselected, so that the suite keeps within its time.
+    on two cores they only slowed each other down.)
+``spark-clusters``
+    The tests that start real Spark clusters (a standalone master and
+    worker, a Spark Connect server; two and a half minutes alone here).
+    They need no session of this process, so they run on another worker,
+    beside the Spark tests.
 ``demo``
     The demo's runs, which check that no demo queue is left on the broker.
 ``heavy``
@@ -38,7 +40,6 @@ Without ``-n`` (plain ``pytest``) none of this changes anything.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -65,8 +66,8 @@ GROUPS: dict[str, str] = {
         ],
         "spark",
     ),
-    # Real Spark clusters: run only when asked for (see SPARK_CLUSTERS_ENV).
-    "integration/pipeline/test_clusters.py": "spark",
+    # Real Spark clusters, in processes of their own: beside the Spark tests.
+    "integration/pipeline/test_clusters.py": "spark-clusters",
     # Each run of the demo checks that no demo queue is left on the broker.
     **dict.fromkeys(
         ["integration/demo/test_demo.py", "integration/demo/test_compose_demo.py"], "demo"
@@ -102,17 +103,7 @@ def group_of(nodeid: str) -> str | None:
     return GROUPS.get(nodeid.split("::", 1)[0])
 
 
-#: Set to 1 to run the tests that start real Spark clusters.
-SPARK_CLUSTERS_ENV = "RABBITFLOW_TEST_SPARK_CLUSTERS"
-_SPARK_CLUSTERS = "integration/pipeline/test_clusters.py"
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(SPARK_CLUSTERS_ENV) != "1":
-        clusters = [item for item in items if item.nodeid.startswith(_SPARK_CLUSTERS)]
-        if clusters:
-            config.hook.pytest_deselected(items=clusters)
-            items[:] = [item for item in items if item not in clusters]
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         spark_module = GROUPS.get(module, "").startswith("spark")
@@ -126,7 +117,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 f"add {module!r} to GROUPS in conftest.py instead"
             )
         uses_spark = "spark" in getattr(item, "fixturenames", ())
-        if uses_spark and not spark_module:
+        if uses_spark and GROUPS.get(module) != "spark":
             raise pytest.UsageError(
                 f"{item.nodeid} uses the Spark session: add {module!r} to the "
                 "Spark modules of GROUPS in conftest.py"
