@@ -281,7 +281,10 @@ def pair_step(step: StepState) -> None:
     frontier = step.frontier_us
     settled = _settled_event(frontier)
     context = (F.col("_role") == F.lit(_CONTEXT)).alias("_is_context")
-    candidates = pair_candidates(pool.select("*", context), context="_is_context")
+    # The window pass kept first, as the batch job does: the joins that
+    # finish the intervals read it (a broadcast of the connection closes
+    # would otherwise run the window pass once more, in a job of its own).
+    candidates = step.kept.keep(pair_candidates(pool.select("*", context), context="_is_context"))
     intervals = finish_intervals(candidates, keep_seq=True)
     # The pairing is kept as it is; the frontier, a value of this step's own,
     # is applied to the kept rows in a small job of its own (see _event_metrics).
@@ -330,10 +333,17 @@ def provisional_rows(step: StepState) -> DataFrame:
     return step.intervals.where(~F.col("_final"))
 
 
+#: The parsed event's schema, built once per process (planning the parse
+#: to learn it costs most of a second of the driver's time).
+_EVENT_SCHEMA: list[T.StructType] = []
+
+
 def _event_schema(spark: SparkSession) -> T.StructType:
     """The schema of a parsed event (:func:`~rabbitflow_pipeline.inputs.classify_events`)."""
-    empty = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
-    return PARSE_EVENTS({"event_records": empty}).schema
+    if not _EVENT_SCHEMA:
+        empty = spark.createDataFrame([], EVENT_WIRE_SCHEMA).select("*", F.lit("").alias("source"))
+        _EVENT_SCHEMA.append(PARSE_EVENTS({"event_records": empty}).schema)
+    return _EVENT_SCHEMA[0]
 
 
 def _settled_event(frontier_us: int | None) -> Column:
@@ -369,8 +379,10 @@ def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: Data
         .unionByName(last.select(*columns).withColumn("_role", F.lit(_CONTEXT)))
     )
     assert step.state is not None
-    # One file: the next step reads it in one task, not one per shuffle partition.
-    state.coalesce(1).write.mode("overwrite").parquet(str(step.root / step.state))
+    # One file: the next step reads it in one task, not one per shuffle
+    # partition.  Gathered by a shuffle, not coalesced: coalescing would scan
+    # the whole pool in that one task (all of the input, at a first step).
+    state.repartition(1).write.mode("overwrite").parquet(str(step.root / step.state))
 
 
 def _step_metrics() -> list[Column]:
@@ -398,23 +410,37 @@ def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]
     names: list[str] = []
     # A file set with no rows is not written (no job), unless the table
     # would have no file at all (its readers need one for the schema).
-    if step.step_counts[f"final_{table}"]:
+    final, provisional = step.step_counts[f"final_{table}"], step.step_counts[f"prov_{table}"]
+    if final:
         names += add_files(
-            step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}"
+            step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}", final
         )
-    if step.step_counts[f"prov_{table}"] or not (kept or names):
+    if provisional or not (kept or names):
         names += add_files(
-            step, select({"intervals": provisional_rows(step)}), table, f"p{step.batch:08d}"
+            step,
+            select({"intervals": provisional_rows(step)}),
+            table,
+            f"p{step.batch:08d}",
+            provisional,
         )
     return table, (*kept, *names)
 
 
-def add_files(step: StepState, df: DataFrame, table: str, prefix: str) -> list[str]:
-    """Write ``df`` and move its part files into ``out/table`` as ``prefix-NNNN.parquet``."""
+#: Rows per file a step writes to a table (a first step over a long history
+#: writes several, in parallel tasks).
+_ROWS_PER_FILE = 1_000_000
+
+
+def add_files(
+    step: StepState, df: DataFrame, table: str, prefix: str, rows: int = 0
+) -> list[str]:
+    """Write ``df`` (about ``rows`` rows) and move its part files into ``out/table`` as
+    ``prefix-NNNN.parquet``."""
     tmp = step.root / "tmp" / f"{table}-{prefix}"
     shutil.rmtree(tmp, ignore_errors=True)
-    # One file per step and table: a step adds a few percent of the rows.
-    outputs.write_table(df.coalesce(1), tmp)
+    # One file per step and table (a step adds a few percent of the rows),
+    # one per million rows when it adds more.
+    outputs.write_table(df.coalesce(1 + int(rows) // _ROWS_PER_FILE), tmp)
     directory = step.out / table
     directory.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
