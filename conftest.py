@@ -89,7 +89,9 @@ GROUPS: dict[str, str] = {
         ],
         "cluster",
     ),
-    # A module-scoped scenario each.
+    # A module-scoped scenario each (the wheel's: one build, a compile of
+    # the engine; spread over two workers it was built twice).
+    "integration/packaging/test_wheel.py": "integration/packaging/test_wheel.py",
     "integration/broker_ops/test_upstream_tls.py": "integration/broker_ops/test_upstream_tls.py",
     "integration/client/test_reject_publish_flow.py": (
         "integration/client/test_reject_publish_flow.py"

@@ -33,9 +33,10 @@ SPARK_CONF = {
     "spark.sql.codegen.cache.maxEntries": "1000",
     # PySpark records the Python call site of every DataFrame function call
     # for error messages: four round trips to the JVM per call (the active
-    # session, a setting, the origin set and cleared), about 8,000 of the
-    # 32,000 a warm incremental step made.  Errors still name the failing
-    # expression.
+    # session, a setting, the origin set and cleared).  With it off (and the
+    # event schema built once) a warm incremental step at 1,000,000 events
+    # made 7,900 calls into the JVM instead of 32,000.  Errors still name
+    # the failing expression.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
