@@ -1,10 +1,11 @@
-"""Run ``rabbitflow-analyze`` twice in one driver: a batch run, then ``--incremental``.
+"""Run ``rabbitflow-analyze`` in one driver: a batch run, then ``--incremental``.
 
     python -m integration.pipeline._cluster_job (--master|--remote) URL BATCH INCREMENTAL LOG...
 
 The cluster tests run this in a process of their own: the same entry
 point and arguments an operator gives ``rabbitflow-analyze``, but one
 driver (one JVM, one executor on a standalone cluster) for both runs.
+An empty INCREMENTAL skips the incremental run.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def run(argv: list[str]) -> int:
     else:
         session = build_session(remote=url)
     try:
-        for extra in ([], ["--incremental"]):
-            out = incremental if extra else batch
+        runs = [(batch, [])] + ([(incremental, ["--incremental"])] if incremental else [])
+        for out, extra in runs:
             status = main([*logs, "--out", out, option, url, *extra], spark=session)
             if status != 0:
                 return status

@@ -431,9 +431,7 @@ def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]
 _ROWS_PER_FILE = 1_000_000
 
 
-def add_files(
-    step: StepState, df: DataFrame, table: str, prefix: str, rows: int = 0
-) -> list[str]:
+def add_files(step: StepState, df: DataFrame, table: str, prefix: str, rows: int = 0) -> list[str]:
     """Write ``df`` (about ``rows`` rows) and move its part files into ``out/table`` as
     ``prefix-NNNN.parquet``."""
     tmp = step.root / "tmp" / f"{table}-{prefix}"
