@@ -95,8 +95,9 @@ def test_demo_starts_a_throwaway_rabbitmq_when_none_answers(
 
     code = main(["--messages", "120", "--consume-rate", "400", "--rabbitmq-url", nobody])
 
-    out = capsys.readouterr().out
-    assert code == 0, out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert code == 0, out + captured.err  # the demo's error goes to stderr
     assert "starting a throwaway node" in out
     assert summary(out)["exactly once, in order"] == "OK"
 

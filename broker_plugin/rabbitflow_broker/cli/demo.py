@@ -193,7 +193,8 @@ def _rabbitmq(options: DemoOptions, printer: _Printer) -> Iterator[tuple[str, st
     if not rabbitmq_available():
         raise RuntimeError(f"no RabbitMQ answers at {host}:{port} and rabbitmq-server is missing")
     printer.plain(f"No RabbitMQ at {host}:{port}: starting a throwaway node ...")
-    with RabbitMQNode(management=True) as node:
+    # Usually up in about 10 s; a loaded machine can take several times that.
+    with RabbitMQNode(management=True, start_timeout_s=120.0) as node:
         management_url = node.management_url
         assert management_url is not None
         printer.plain(f"RabbitMQ: throwaway node at {node.url}")
