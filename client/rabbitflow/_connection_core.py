@@ -172,8 +172,9 @@ class FlowChannel(Protocol):
     def basic_consume_nowait(self, queue: str) -> None:
         """basic.consume without waiting."""
 
-    def basic_cancel_nowait(self) -> None:
-        """basic.cancel of the consumer started above."""
+    def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
+        """basic.cancel of the consumer started above; ``on_ok()`` at its
+        cancel-ok (at once when there is nothing to cancel)."""
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         """Passive queue.declare; ``on_depth(message_count)`` when it answers."""
@@ -187,16 +188,17 @@ def carry_out(
     channel: FlowChannel,
     queue: str,
     on_depth: Callable[[int], None],
-    on_lowered: Callable[[], None],
+    on_reclaimed: Callable[[], None],
 ) -> None:
     """Send what one consumer flow action asks for on the consumer's channel
-    (``on_lowered()`` when a prefetch that takes credit back is confirmed)."""
+    (``on_reclaimed()`` when the broker confirms a lower prefetch or a cancel
+    that takes credit back)."""
     if isinstance(action, SetPrefetch):
-        channel.qos_nowait(action.count, on_lowered if action.confirm else None)
+        channel.qos_nowait(action.count, on_reclaimed if action.confirm else None)
     elif isinstance(action, StartConsuming):
         channel.basic_consume_nowait(queue)
     elif isinstance(action, StopConsuming):
-        channel.basic_cancel_nowait()
+        channel.basic_cancel_nowait(on_reclaimed)
     elif isinstance(action, ProbeQueue):
         channel.queue_depth_nowait(queue, on_depth)
     elif isinstance(action, Ack):
@@ -395,10 +397,11 @@ class ConsumerFlowBook:
             self._apply(self._flow.tick(self._clock()))
 
     def _answer(self, consumer_id: int, depth: int | None = None) -> None:
-        """The broker answered a consumer's ProbeQueue (``depth``) or lowering qos."""
+        """The broker answered a consumer's ProbeQueue (``depth``), or confirmed
+        a qos or cancel that takes credit back."""
         with self._lock:
             if consumer_id in self._consumers:
                 if depth is None:
-                    self._apply(self._flow.prefetch_lowered(consumer_id, now=self._clock()))
+                    self._apply(self._flow.reclaim_confirmed(consumer_id, now=self._clock()))
                 else:
                     self._apply(self._flow.queue_depth(consumer_id, depth, now=self._clock()))

@@ -19,24 +19,26 @@ next batch, ``limit - buffered - credit`` credits (``limit - buffered`` when
 its credit is used up, as it is on a busy queue).
 
 ``imqConnectionFlowLimit`` (when enabled) is ONE total for the connection,
-shared by all its consumers, not a per-consumer share: the sum of
-``buffered + credit`` over the consumers never exceeds it, and a consumer
-alone on a busy queue may use all of it.  A batch is cut to the room left in
-the pool, and waits until the pool has room for at least ``limit -
-threshold`` (no grants of one slot at a time).  Consumers that used up their
-credit ("hungry") are served first, oldest grant first.  A hungry consumer
-that finds the pool short takes back credit another consumer has left unused
-for ``idle_after`` seconds (an idle queue): that consumer's prefetch is
-lowered, or, with nothing left, its basic.consume is cancelled
-(``StopConsuming``).  A lowered prefetch does not recall deliveries the
-broker sent before it took effect, so the credit taken back joins the pool
-only when the broker confirmed it (``SetPrefetch.confirm``: the driver calls
-``prefetch_lowered`` on its qos-ok, which follows every such delivery on the
-channel); deliveries arriving meanwhile use it up.  A stopped consumer cannot show demand through
-deliveries, so every ``probe_interval`` seconds the driver asks the broker
-for its queue's depth (``ProbeQueue``); a queue with messages makes it
-hungry again.  Timers are the driver's: it calls ``tick(now)`` at
-``wake_at()``.
+shared by all its consumers, not a per-consumer share: the sum of ``buffered
++ credit`` over the consumers never exceeds it, and a consumer alone on a
+busy queue may use all of it. A batch is cut to the room left in the pool,
+and waits until the pool has room for at least ``limit - threshold`` (no
+grants of one slot at a time). Consumers that used up their credit
+("hungry") are served first, oldest grant first. A hungry consumer that
+finds the pool short takes back credit another consumer has left unused for
+``idle_after`` seconds (an idle queue): that consumer's prefetch is lowered,
+or, with nothing left, its basic.consume is cancelled (``StopConsuming``).
+Neither recalls deliveries the broker sent before it took effect, so the
+credit taken back joins the pool only when the broker confirmed it: the
+driver calls ``reclaim_confirmed`` on the qos-ok of a
+``SetPrefetch(confirm=True)`` and on the cancel-ok of a ``StopConsuming``,
+each of which follows every such delivery on the channel. Deliveries
+arriving meanwhile use the credit up (a cancelled consumer's are rejected
+back to the queue by the driver, unseen by the application). A stopped
+consumer cannot show demand through deliveries, so every ``probe_interval``
+seconds the driver asks the broker for its queue's depth (``ProbeQueue``); a
+queue with messages makes it hungry again. Timers are the driver's: it calls
+``tick(now)`` at ``wake_at()``.
 
 ``ConnectionFlow`` returns actions (``SetPrefetch``, ``Ack``, ``StartConsuming``,
 ``StopConsuming``, ``ProbeQueue``) that the caller carries out on the
@@ -67,7 +69,7 @@ class SetPrefetch:
 
     consumer: int
     count: int
-    #: Taking back credit: call ``ConnectionFlow.prefetch_lowered`` on its qos-ok.
+    #: Taking back credit: call ``ConnectionFlow.reclaim_confirmed`` on its qos-ok.
     confirm: bool = False
 
 
@@ -88,7 +90,8 @@ class StartConsuming:
 
 @dataclass(frozen=True, slots=True)
 class StopConsuming:
-    """Issue basic.cancel: the consumer's unused credit went to another consumer."""
+    """Issue basic.cancel: the consumer's unused credit goes to another
+    consumer; call ``ConnectionFlow.reclaim_confirmed`` on its cancel-ok."""
 
     consumer: int
 
@@ -298,10 +301,10 @@ class ConnectionFlow:
                 actions.append(ProbeQueue(cid))
         return actions + self._rebalance(now)
 
-    def prefetch_lowered(self, consumer: int, *, now: float) -> list[FlowAction]:
-        """The broker confirmed a ``SetPrefetch(confirm=True)``: every delivery
-        sent under the higher prefetch has arrived, so once none is pending
-        the credit taken back is the pool's."""
+    def reclaim_confirmed(self, consumer: int, *, now: float) -> list[FlowAction]:
+        """The broker confirmed a ``SetPrefetch(confirm=True)`` (qos-ok) or a
+        ``StopConsuming`` (cancel-ok): every delivery sent before it has
+        arrived, so once none is pending the credit taken back is the pool's."""
         c = self._consumers.get(consumer)
         if c is None or not c.reclaims_pending:
             return []
@@ -379,13 +382,15 @@ class ConnectionFlow:
             take = min(c.credit, need - taken)
             c.credit -= take
             if c.buffered + c.credit == 0 and c.consuming:
-                # Deliveries still on their way to a cancelled consumer go back
-                # to the queue (the driver rejects them): the credit is free.
-                taken += take
+                # Deliveries still on their way to the cancelled consumer go
+                # back to the queue (the driver rejects them); until the
+                # cancel-ok says none is left, the credit is not free.
                 c.consuming = False
                 c.parked = True
                 c.probe_at = now + self.probe_interval
                 c.prefetch_sent = 0
+                c.reclaiming += take
+                c.reclaims_pending += 1
                 actions.append(StopConsuming(cid))
                 actions += self._flush_ack(cid, c)
                 continue

@@ -300,13 +300,17 @@ class TransportChannel:
                 queue, self._on_message, auto_ack=False, exclusive=exclusive
             )
 
-    def basic_cancel_nowait(self) -> None:
+    def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         """basic.cancel of the consumer started by ``basic_consume_nowait`` (I/O
         thread only).  Deliveries already on their way are rejected back to
-        the queue by pika."""
+        the queue by pika; ``on_ok()`` runs at the cancel-ok, which follows
+        them (at once when there is nothing to cancel: the broker cancelled it)."""
         tag, self._consumer_tag = self._consumer_tag, None
-        if tag is not None and not self.closed and self._channel.is_open:
-            self._channel.basic_cancel(tag)
+        channel = self._channel
+        if tag is not None and not self.closed and channel.is_open and tag in channel.consumer_tags:
+            channel.basic_cancel(tag, callback=None if on_ok is None else lambda _frame: on_ok())
+        elif on_ok is not None:
+            on_ok()
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         """Passive queue.declare; ``on_depth(message_count)`` runs on the I/O

@@ -269,6 +269,8 @@ BASIC = 60
 BASIC_DELIVER = 60
 BASIC_GET_OK = 71
 BASIC_ACK = 80
+BASIC_REJECT = 90
+BASIC_NACK = 120
 
 
 @dataclass(frozen=True)
@@ -286,6 +288,15 @@ class WireEvent:
             not self.upstream
             and self.class_id == BASIC
             and self.method_id in (BASIC_DELIVER, BASIC_GET_OK)
+        )
+
+    @property
+    def is_reject(self) -> bool:
+        """The client handed a delivery back (basic.reject or basic.nack)."""
+        return (
+            self.upstream
+            and self.class_id == BASIC
+            and self.method_id in (BASIC_REJECT, BASIC_NACK)
         )
 
 

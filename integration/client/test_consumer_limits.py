@@ -2,8 +2,10 @@
 
 The SDK connects through an :class:`AmqpTap`, which counts every delivery
 the broker sends before the SDK can see it.  Listeners count the messages
-they have finished.  "Delivered but unprocessed" is the difference, sampled
-at every delivery, so the figure does not depend on the SDK's own account.
+they have finished.  "Delivered but unprocessed" is the difference, less
+the deliveries the SDK handed back unseen (a consumer cancelled to give its
+credit to another rejects what was already on its way), sampled at every
+delivery, so the figure does not depend on the SDK's own account.
 A refill is the run of deliveries between two client method frames (the
 ack or other request that asked for it).
 """
@@ -38,6 +40,7 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     delivered: int = 0
     processed: int = 0
+    rejected: int = 0
     peak: int = 0
     per_consumer: dict[str, int] = field(default_factory=dict)
 
@@ -45,7 +48,10 @@ class Ledger:
         if event.is_delivery:
             with self.lock:
                 self.delivered += 1
-                self.peak = max(self.peak, self.delivered - self.processed)
+                self.peak = max(self.peak, self.delivered - self.rejected - self.processed)
+        elif event.is_reject:
+            with self.lock:
+                self.rejected += 1
 
     def listener(self, name: str) -> Callable[[Any], None]:
         def on_message(_message: Any) -> None:
@@ -59,7 +65,8 @@ class Ledger:
     def summary(self) -> str:
         with self.lock:
             return (
-                f"delivered {self.delivered}, processed {self.processed}, peak {self.peak}, "
+                f"delivered {self.delivered}, rejected {self.rejected}, "
+                f"processed {self.processed}, peak {self.peak}, "
                 f"per consumer {self.per_consumer}"
             )
 

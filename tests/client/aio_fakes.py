@@ -77,8 +77,10 @@ class FakeAioChannel:
     def basic_consume_nowait(self, queue: str) -> None:
         self.consuming = True
 
-    def basic_cancel_nowait(self) -> None:
+    def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         self.consuming = False
+        if on_ok is not None:
+            on_ok()
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         pass

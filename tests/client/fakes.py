@@ -131,8 +131,10 @@ class FakeChannel:
     def basic_consume_nowait(self, queue: str, **_kw: Any) -> None:
         self.calls.append(("consume", queue))
 
-    def basic_cancel_nowait(self) -> None:
+    def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         self.calls.append(("cancel",))
+        if on_ok is not None:  # this broker confirms at once
+            on_ok()
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         self.calls.append(("depth", queue))

@@ -114,7 +114,11 @@ def test_a_hungry_consumer_takes_back_credit_left_unused() -> None:
     flow.activate(now=0.0)
     assert flow.tick(0.1) == []  # consumer 1's credit is not stale yet
     assert flow.wake_at() == 0.25
-    assert flow.tick(0.25) == [StopConsuming(1), SetPrefetch(2, 60), StartConsuming(2)]
+    # Deliveries on their way to consumer 1 may still arrive (and be rejected
+    # back to the queue): its credit is the pool's only at the cancel-ok.
+    assert flow.tick(0.25) == [StopConsuming(1)]
+    assert flow.outstanding == 60
+    assert flow.reclaim_confirmed(1, now=0.26) == [SetPrefetch(2, 60), StartConsuming(2)]
     assert [flow.stats(c).credit for c in (1, 2)] == [0, 60]
 
 
@@ -133,10 +137,10 @@ def test_credit_taken_back_by_a_lower_prefetch_is_granted_only_once_the_broker_c
     assert flow.buffered == 15
     assert flow.buffered + flow.stats(2).credit <= 60
 
-    assert flow.prefetch_lowered(1, now=0.27) == [SetPrefetch(2, 45), StartConsuming(2)]
+    assert flow.reclaim_confirmed(1, now=0.27) == [SetPrefetch(2, 45), StartConsuming(2)]
     deliver(flow, 2, 45, now=0.28)
     assert flow.buffered == 60  # the limit, not 65
-    assert flow.prefetch_lowered(1, now=0.29) == []  # nothing more was pending
+    assert flow.reclaim_confirmed(1, now=0.29) == []  # nothing more was pending
 
 
 def test_a_reset_consumer_no_longer_holds_credit_it_was_giving_back() -> None:
@@ -148,7 +152,7 @@ def test_a_reset_consumer_no_longer_holds_credit_it_was_giving_back() -> None:
     assert flow.tick(0.25) == [SetPrefetch(1, 10, confirm=True)]
     flow.reset(1, now=0.3)  # a new channel (recovery): nothing more comes on the old one
     assert flow.stats(2).credit > 0  # the pool is free again
-    assert flow.prefetch_lowered(1, now=0.31) == []  # the old channel's qos-ok is stale
+    assert flow.reclaim_confirmed(1, now=0.31) == []  # the old channel's qos-ok is stale
     assert flow.buffered + sum(flow.stats(c).credit for c in (1, 2)) <= 60
 
 
@@ -198,7 +202,8 @@ def test_a_stopped_consumer_is_probed_and_wants_a_batch_when_its_queue_fills() -
     flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
     flow.register(2, limit=1000, threshold_pct=50, app_acks=False)
     flow.activate(now=0.0)
-    flow.tick(0.25)  # consumer 1 stopped, consumer 2 holds the pool
+    assert flow.tick(0.25) == [StopConsuming(1)]
+    flow.reclaim_confirmed(1, now=0.26)  # cancel-ok: consumer 2 holds the pool
     deliver(flow, 2, 60, now=0.3)
     assert flow.wake_at() == 1.25
     assert flow.tick(1.25) == [ProbeQueue(1)]
