@@ -15,9 +15,8 @@ the same worker (the biggest groups are handed out first):
     The tests that start real Spark clusters (a standalone master and
     worker, a Spark Connect server; about two minutes alone here).  They
     need no session of this process, so they run on another worker, beside
-    the Spark tests, but only with ``RABBITFLOW_TEST_SPARK_CLUSTERS=1``:
-    in the whole suite on two cores their JVMs pushed it past its time and
-    beside load-sensitive tests, so they are otherwise deselected.
+    the Spark tests.  ``RABBITFLOW_TEST_SPARK_CLUSTERS=0`` leaves them out
+    (a quicker local run).
 ``demo``
     The demo's runs, which check that no demo queue is left on the broker.
 ``heavy``
@@ -69,8 +68,7 @@ GROUPS: dict[str, str] = {
         ],
         "spark",
     ),
-    # Real Spark clusters, in processes of their own: beside the Spark tests
-    # (only with RABBITFLOW_TEST_SPARK_CLUSTERS=1).
+    # Real Spark clusters, in processes of their own: beside the Spark tests.
     "integration/pipeline/test_clusters.py": "spark-clusters",
     # Each run of the demo checks that no demo queue is left on the broker.
     **dict.fromkeys(
@@ -109,13 +107,13 @@ def group_of(nodeid: str) -> str | None:
     return GROUPS.get(nodeid.split("::", 1)[0])
 
 
-#: Set to 1 to run the tests that start real Spark clusters.
+#: Set to 0 to leave out the tests that start real Spark clusters.
 SPARK_CLUSTERS_ENV = "RABBITFLOW_TEST_SPARK_CLUSTERS"
 _SPARK_CLUSTERS = "integration/pipeline/test_clusters.py"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get(SPARK_CLUSTERS_ENV) != "1":
+    if os.environ.get(SPARK_CLUSTERS_ENV) == "0":
         clusters = [item for item in items if item.nodeid.startswith(_SPARK_CLUSTERS)]
         if clusters:
             config.hook.pytest_deselected(items=clusters)

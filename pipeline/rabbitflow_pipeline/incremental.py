@@ -26,8 +26,6 @@ Nothing is read twice and nothing is lost.
 
 from __future__ import annotations
 
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -84,6 +82,7 @@ from rabbitflow_pipeline.settling import (
     parse_step,
     provisional_rows,
     read_table,
+    write_parts,
 )
 
 __all__ = [
@@ -583,13 +582,6 @@ def _compact(spark: SparkSession, out: Path, cp: Checkpoint) -> Checkpoint:
                 *(str(out / table / f) for f in settled)
             )
             tmp = out / STATE_DIR / "tmp" / f"{table}-compact"
-            shutil.rmtree(tmp, ignore_errors=True)
-            outputs.write_table(df.coalesce(1), tmp)
-            names = []
-            for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):
-                name = f"b{cp.batch:08d}c-{index:04d}.parquet"
-                os.replace(part, out / table / name)
-                names.append(name)
-            shutil.rmtree(tmp, ignore_errors=True)
+            names = write_parts(df.coalesce(1), tmp, out / table, f"b{cp.batch:08d}c")
             tables[table] = (*names, *(f for f in tables[table] if f not in settled))
     return replace(cp, tables=tables)

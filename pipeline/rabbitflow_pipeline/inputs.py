@@ -298,20 +298,27 @@ def classify_events(raw: DataFrame) -> DataFrame:
         .when(~F.col("code").isin(*EVENT_CODES), "unknown_code")
         .when(missing_required, "missing_field")
     )
-    columns = [
+    return _planned_apart(
+        typed,
         *(F.col("_ts").alias("ts") if c == "ts" else F.col(c) for c in _ANALYSIS_COLUMNS),
         F.col("source"),
         F.col("seq"),
         reason.alias("malformed_reason"),
-    ]
-    # The rows leave through a one-row generator, which no filter or
-    # projection is pushed through.  Without it, a query that does not read
-    # ``seq`` (the one nondeterministic column, which otherwise stops the
-    # optimizer) had every later filter rewritten in terms of the JSON
-    # fields: ``malformed_reason`` inlined with all the columns it reads,
-    # each inlined in turn, a tree of thousands of expressions that took
-    # seconds to plan for two rows.
-    return typed.select(F.inline(F.array(F.struct(*columns))))
+    )
+
+
+def _planned_apart(df: DataFrame, *columns: Column) -> DataFrame:
+    """``df.select(*columns)`` behind a one-row generator, which no filter or
+    projection is pushed through.
+
+    Without it, a query over the classified events that did not read
+    ``seq`` (the one nondeterministic column, which otherwise stops the
+    optimizer) had every later filter rewritten in terms of the JSON
+    fields: ``malformed_reason`` inlined with all the columns it reads, each
+    inlined in turn, a tree of thousands of expressions that took seconds
+    to plan for two rows.
+    """
+    return df.select(F.inline(F.array(F.struct(*columns))))
 
 
 def _missing_required() -> Column:

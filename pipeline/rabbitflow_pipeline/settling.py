@@ -68,6 +68,7 @@ __all__ = [
     "parse_step",
     "provisional_rows",
     "read_table",
+    "write_parts",
 ]
 
 INTERVAL_SCHEMAS = {
@@ -434,12 +435,18 @@ _ROWS_PER_FILE = 1_000_000
 def add_files(step: StepState, df: DataFrame, table: str, prefix: str, rows: int = 0) -> list[str]:
     """Write ``df`` (about ``rows`` rows) and move its part files into ``out/table`` as
     ``prefix-NNNN.parquet``."""
-    tmp = step.root / "tmp" / f"{table}-{prefix}"
-    shutil.rmtree(tmp, ignore_errors=True)
     # One file per step and table (a step adds a few percent of the rows),
     # one per million rows when it adds more.
-    outputs.write_table(df.coalesce(1 + int(rows) // _ROWS_PER_FILE), tmp)
-    directory = step.out / table
+    df = df.coalesce(1 + int(rows) // _ROWS_PER_FILE)
+    return write_parts(df, step.root / "tmp" / f"{table}-{prefix}", step.out / table, prefix)
+
+
+def write_parts(df: DataFrame, tmp: Path, directory: Path, prefix: str) -> list[str]:
+    """Write ``df`` under ``tmp`` and move its part files into ``directory`` as
+    ``prefix-NNNN.parquet``; returns their names.  Nothing a checkpoint names is
+    touched: the names are new, and ``tmp`` is emptied first."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    outputs.write_table(df, tmp)
     directory.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
     for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.events import Event
+from rabbitflow_pipeline import incremental
 from rabbitflow_pipeline.batch import TABLES, analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import (
@@ -286,4 +287,34 @@ def test_a_duplicate_transition_read_steps_later_is_dropped(
     ]
     batch = tmp_path / "batch"
     analyze(spark, inputs, batch)
+    assert_same_tables(spark, out, batch)
+
+
+def test_settled_step_files_are_compacted_and_the_tables_stay_those_of_the_batch_job(
+    spark: SparkSession,
+    tmp_path: Path,
+    generated: tuple[list[list[str]], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past ``_COMPACT_AFTER`` settled files a table's are rewritten into one;
+    the checkpoint names the compacted file and the originals are gone."""
+    monkeypatch.setattr(incremental, "_COMPACT_AFTER", 2)
+    (gw0, _gw1), _client = generated
+    live = tmp_path / "gw0.jsonl"
+    out = tmp_path / "incremental"
+    quarter = len(gw0) // 4
+    for index in range(4):
+        append(live, gw0[index * quarter : (index + 1) * quarter if index < 3 else None])
+        run_step(spark, [str(live)], out, lateness_s=0)
+
+    tables = load_checkpoint(out).tables
+    compacted = [f for f in tables["episodes"] if "c-" in f]
+    assert compacted, tables["episodes"]
+    settled = [f for f in tables["episodes"] if f.startswith("b") and "c-" not in f]
+    assert len(settled) <= 2, tables["episodes"]
+    for table in ("episodes", "channel_blocks", "store_episodes"):
+        on_disk = {p.name for p in (out / table).glob("*.parquet")}
+        assert on_disk == set(tables[table]), (table, on_disk, tables[table])
+    batch = tmp_path / "batch"
+    analyze(spark, [str(live)], batch)
     assert_same_tables(spark, out, batch)
