@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ __all__ = [
     "ChannelHandler",
     "Delivery",
     "TransportListener",
+    "cancel_consumer",
     "connect_timed_out",
     "connection_parameters",
     "from_pika",
@@ -200,6 +202,22 @@ def listen_blocked(connection: Any, listener: TransportListener) -> None:
         lambda _conn, frame: listener.on_blocked(str(frame.method.reason))
     )
     connection.add_on_connection_unblocked_callback(lambda _conn, _frame: listener.on_unblocked())
+
+
+def cancel_consumer(
+    channel: Any, tag: str | None, usable: bool, on_ok: Callable[[], None] | None
+) -> None:
+    """basic.cancel of consumer ``tag`` on a pika channel without waiting;
+    ``on_ok()`` at its cancel-ok, after which no delivery for it can come.
+
+    Deliveries already on their way are rejected back to the queue by pika.
+    With nothing to cancel (no tag, an unusable or closed channel, a consumer
+    the broker cancelled) pika would never answer: ``on_ok()`` runs at once.
+    """
+    if tag is not None and usable and channel.is_open and tag in channel.consumer_tags:
+        channel.basic_cancel(tag, callback=None if on_ok is None else lambda _frame: on_ok())
+    elif on_ok is not None:
+        on_ok()
 
 
 def to_pika(props: WireProperties) -> pika.BasicProperties:

@@ -23,6 +23,7 @@ from ._transport_base import (
     RPC_TIMEOUT,
     ChannelHandler,
     Delivery,
+    cancel_consumer,
     from_pika,
     to_pika,
     translate_error,
@@ -302,15 +303,9 @@ class TransportChannel:
 
     def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         """basic.cancel of the consumer started by ``basic_consume_nowait`` (I/O
-        thread only).  Deliveries already on their way are rejected back to
-        the queue by pika; ``on_ok()`` runs at the cancel-ok, which follows
-        them (at once when there is nothing to cancel: the broker cancelled it)."""
+        thread only); ``on_ok()`` at its cancel-ok (see ``cancel_consumer``)."""
         tag, self._consumer_tag = self._consumer_tag, None
-        channel = self._channel
-        if tag is not None and not self.closed and channel.is_open and tag in channel.consumer_tags:
-            channel.basic_cancel(tag, callback=None if on_ok is None else lambda _frame: on_ok())
-        elif on_ok is not None:
-            on_ok()
+        cancel_consumer(self._channel, tag, not self.closed, on_ok)
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         """Passive queue.declare; ``on_depth(message_count)`` runs on the I/O

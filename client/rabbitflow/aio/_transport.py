@@ -30,6 +30,7 @@ from .._transport_base import (
     ChannelHandler,
     Delivery,
     TransportListener,
+    cancel_consumer,
     connect_timed_out,
     connection_parameters,
     from_pika,
@@ -260,14 +261,9 @@ class AioChannel:
 
     def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         """basic.cancel of the consumer started by ``basic_consume_nowait``;
-        ``on_ok()`` at its cancel-ok, after which no delivery for it can come
-        (at once when there is nothing to cancel)."""
+        ``on_ok()`` at its cancel-ok (see ``cancel_consumer``)."""
         tag, self._consumer_tag = self._consumer_tag, None
-        channel = self._channel
-        if tag is not None and not self.closed and channel.is_open and tag in channel.consumer_tags:
-            channel.basic_cancel(tag, callback=None if on_ok is None else lambda _frame: on_ok())
-        elif on_ok is not None:
-            on_ok()
+        cancel_consumer(self._channel, tag, not self.closed, on_ok)
 
     def queue_depth_nowait(self, queue: str, on_depth: Callable[[int], None]) -> None:
         """Passive queue.declare; ``on_depth(message_count)`` when it answers."""
