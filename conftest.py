@@ -60,6 +60,7 @@ GROUPS: dict[str, str] = {
             "integration/pipeline/test_sink.py",
             "tests/pipeline/test_analyze_inputs.py",
             "tests/pipeline/test_cli.py",
+            "tests/pipeline/test_episode_stats.py",
             "tests/pipeline/test_incremental.py",
             "tests/pipeline/test_inputs.py",
             "tests/pipeline/test_pairing.py",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -279,22 +281,19 @@ def pair_step(step: StepState) -> None:
         pool = previous.unionByName(new_events)
     else:
         pool = new_events
-    frontier = step.frontier_us
-    settled = _settled_event(frontier)
+    frontier = _frontier_frame(step)
     context = (F.col("_role") == F.lit(_CONTEXT)).alias("_is_context")
     # The window pass kept first, as the batch job does: the joins that
     # finish the intervals read it (a broadcast of the connection closes
     # would otherwise run the window pass once more, in a job of its own).
     candidates = step.kept.keep(pair_candidates(pool.select("*", context), context="_is_context"))
     intervals = finish_intervals(candidates, keep_seq=True)
-    # The pairing is kept as it is; the frontier, a value of this step's own,
-    # is applied to the kept rows in a small job of its own (see _event_metrics).
-    paired = step.kept.keep(intervals)
-    # The step's counts are observed while the final test is applied and kept.
+    # The final test applied and the step's counts observed as the intervals are kept.
     observation, metrics = Observation("step-intervals"), _step_metrics()
-    step.intervals = step.kept.keep(
-        paired.withColumn("_final", _final_test(step)).observe(observation, *metrics)
-    )
+    # Kept in a few partitions: the pairing's unions leave about thirty, and
+    # each of the many small jobs reading the intervals would run a task per partition.
+    final = _with_final(intervals, frontier).observe(observation, *metrics)
+    step.intervals = step.kept.keep(final.coalesce(_INTERVAL_PARTITIONS))
     counts = dict(observation.get)
     if not counts:  # Spark Connect reports no metrics observed under a local checkpoint
         row = step.intervals.agg(*metrics).first()
@@ -307,7 +306,7 @@ def pair_step(step: StepState) -> None:
         .where(F.col("kind").isin("queue", "channel", "store"))
         .select(F.col("start_seq").alias("seq"))
     )
-    state = step.pool.submit(_write_state, step, pool, settled, opened)
+    state = step.pool.submit(_write_state, step, pool, frontier, opened)
     written = [step.pool.submit(_write_intervals, step, table) for table in INTERVAL_TABLES]
     step.tables = dict(done.result() for done in written)
     state.result()
@@ -315,13 +314,33 @@ def pair_step(step: StepState) -> None:
     step.counts["late"] = 0 if late is None else late.result()
 
 
-def _final_test(step: StepState) -> Column:
-    """A kept interval is final once its end is settled (a malformed line's count at once)."""
-    final = F.col("kind") == F.lit("malformed")
-    frontier = step.frontier_us
-    if frontier is not None:
-        final = final | F.coalesce(F.unix_micros("end") <= F.lit(frontier), F.lit(False))
-    return final
+def _frontier_frame(step: StepState) -> DataFrame:
+    """This step's frontier (``_frontier_us``, null before any event) as a one-row DataFrame.
+
+    Read from a file the step writes, not a literal: Spark folds a literal
+    into the generated code of every stage that compares with it, and a new
+    frontier at each step would then compile that code again (and run it
+    cold, before the JIT compiles it) at each step.  A file's value is not
+    known when the query is planned, so the code stays the same.
+    """
+    path = step.root / "tmp" / f"frontier-{step.batch:08d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frontier = pa.array([step.frontier_us], pa.int64())
+    pq.write_table(pa.table({"_frontier_us": frontier}), path)
+    return step.spark.read.schema("_frontier_us long").parquet(str(path))
+
+
+def _with_frontier(df: DataFrame, frontier: DataFrame, name: str, test: Column) -> DataFrame:
+    """``df`` with the boolean column ``name``: ``test``, which may read ``_frontier_us``."""
+    joined = df.crossJoin(F.broadcast(frontier))
+    return joined.select(*(F.col(c) for c in df.columns), test.alias(name))
+
+
+def _with_final(intervals: DataFrame, frontier: DataFrame) -> DataFrame:
+    """``_final``: an interval is final once its end is settled (a malformed line: at once)."""
+    settled_end = F.unix_micros("end") <= F.col("_frontier_us")
+    final = (F.col("kind") == F.lit("malformed")) | F.coalesce(settled_end, F.lit(False))
+    return _with_frontier(intervals, frontier, "_final", final)
 
 
 def final_rows(step: StepState) -> DataFrame:
@@ -347,15 +366,17 @@ def _event_schema(spark: SparkSession) -> T.StructType:
     return _EVENT_SCHEMA[0]
 
 
-def _settled_event(frontier_us: int | None) -> Column:
-    if frontier_us is None:
-        return F.lit(True)
-    return F.col("malformed_reason").isNotNull() | (F.unix_micros("ts") <= F.lit(frontier_us))
-
-
-def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: DataFrame) -> None:
+def _write_state(step: StepState, pool: DataFrame, frontier: DataFrame, opened: DataFrame) -> None:
     """The next step's state: open starts, unsettled events, each queue's last transitions."""
     role = F.col("_role")
+    # Settled: malformed (counted at once), or no newer than the frontier
+    # (everything, before any event).
+    settled_ts = F.coalesce(
+        F.unix_micros("ts") <= F.col("_frontier_us"), F.col("_frontier_us").isNull()
+    )
+    test = F.col("malformed_reason").isNotNull() | settled_ts
+    pool = _with_frontier(pool, frontier, "_settled", test)
+    settled = F.col("_settled")
     settled_pool = pool.where(settled)
     starts = settled_pool.where(role != F.lit(_CONTEXT)).join(opened, "seq", "left_semi")
     pending = pool.where(~settled)
@@ -366,7 +387,7 @@ def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: Data
         & F.col("code").isin("QUE-1003", "QUE-1004")
         & F.col("gateway").isNotNull()
     )
-    columns = [c for c in pool.columns if c != "_role"]
+    columns = [c for c in pool.columns if c not in ("_role", "_settled")]
     last = (
         transitions.groupBy("vhost", "queue", "code")
         .agg(F.max_by(F.struct(*columns), F.struct("ts", "seq")).alias("_e"))
@@ -374,9 +395,8 @@ def _write_state(step: StepState, pool: DataFrame, settled: Column, opened: Data
         .join(opened, "seq", "left_anti")
     )
     state = (
-        starts.drop("_role")
-        .withColumn("_role", F.lit(_OPEN))
-        .unionByName(pending.drop("_role").withColumn("_role", F.lit(_PENDING)))
+        starts.select(*columns, F.lit(_OPEN).alias("_role"))
+        .unionByName(pending.select(*columns, F.lit(_PENDING).alias("_role")))
         .unionByName(last.select(*columns).withColumn("_role", F.lit(_CONTEXT)))
     )
     assert step.state is not None
@@ -426,6 +446,9 @@ def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]
         )
     return table, (*kept, *names)
 
+
+#: Partitions the step's intervals are kept in.
+_INTERVAL_PARTITIONS = 4
 
 #: Rows per file a step writes to a table (a first step over a long history
 #: writes several, in parallel tasks).
