@@ -43,10 +43,14 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _UNIQUE_COLUMNS = ("start", "end", "duration_s", "first_seen", "last_seen")
 
 
-def write_table(df: DataFrame, path: Path) -> None:
-    """Write ``df`` as a Parquet directory at ``path`` (replacing it)."""
+def write_table(df: DataFrame, path: Path, *, partition_by: str | None = None) -> None:
+    """Write ``df`` as a Parquet directory at ``path`` (replacing it), in a
+    subdirectory per value of ``partition_by`` if given."""
     plain = {f"parquet.enable.dictionary#{c}": "false" for c in _UNIQUE_COLUMNS if c in df.columns}
-    df.write.mode("overwrite").options(**plain).parquet(str(path))
+    writer = df.write.mode("overwrite").options(**plain)
+    if partition_by is not None:
+        writer = writer.partitionBy(partition_by)
+    writer.parquet(str(path))
 
 
 def rows(df: DataFrame) -> list[dict[str, Any]]:

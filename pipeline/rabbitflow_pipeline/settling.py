@@ -428,23 +428,50 @@ def _write_intervals(step: StepState, table: str) -> tuple[str, tuple[str, ...]]
     select = _INTERVAL_STEP_OF[table]
     assert step.step_counts is not None
     kept = [f for f in step.cp.tables.get(table, ()) if f.startswith("b")]
-    names: list[str] = []
-    # A file set with no rows is not written (no job), unless the table
-    # would have no file at all (its readers need one for the schema).
+    # A file set with no rows is not written, unless the table would have
+    # no file at all (its readers need one for the schema).
     final, provisional = step.step_counts[f"final_{table}"], step.step_counts[f"prov_{table}"]
+    sets = []
     if final:
-        names += add_files(
-            step, select({"intervals": final_rows(step)}), table, f"b{step.batch:08d}", final
+        sets.append((f"b{step.batch:08d}", select({"intervals": final_rows(step)}), final))
+    if provisional or not (kept or final):
+        sets.append(
+            (f"p{step.batch:08d}", select({"intervals": provisional_rows(step)}), provisional)
         )
-    if provisional or not (kept or names):
-        names += add_files(
-            step,
-            select({"intervals": provisional_rows(step)}),
-            table,
-            f"p{step.batch:08d}",
-            provisional,
-        )
-    return table, (*kept, *names)
+    return table, (*kept, *_add_file_sets(step, table, sets))
+
+
+def _add_file_sets(
+    step: StepState, table: str, sets: Sequence[tuple[str, DataFrame, int]]
+) -> list[str]:
+    """Write each ``(prefix, rows, count)`` of ``sets`` as :func:`add_files` does, in one job.
+
+    The sets are told apart by a partition column of the write (each
+    partition's part files are moved under its prefix): one Spark job for
+    a table's settled and open rows, not one each.  Not for a million rows
+    or more (a first step over a long history): a partitioned write sorts
+    its rows by the partition first, and there the jobs are not what costs.
+    """
+    rows = sum(count for _, _, count in sets)
+    if len(sets) <= 1 or rows >= _ROWS_PER_FILE:
+        return [name for prefix, df, n in sets for name in add_files(step, df, table, prefix, n)]
+    union = None
+    for prefix, df, _ in sets:
+        tagged = df.withColumn(_SET_COLUMN, F.lit(prefix))
+        union = tagged if union is None else union.unionByName(tagged)
+    assert union is not None
+    tmp = step.root / "tmp" / f"{table}-b{step.batch:08d}-sets"
+    shutil.rmtree(tmp, ignore_errors=True)
+    outputs.write_table(union.coalesce(1), tmp, partition_by=_SET_COLUMN)
+    names: list[str] = []
+    for prefix, _, _ in sets:
+        names += _move_parts(tmp / f"{_SET_COLUMN}={prefix}", step.out / table, prefix)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return names
+
+
+#: The partition column that tells a table's file sets apart in one write.
+_SET_COLUMN = "_file_set"
 
 
 #: Partitions the step's intervals are kept in.
@@ -470,13 +497,20 @@ def write_parts(df: DataFrame, tmp: Path, directory: Path, prefix: str) -> list[
     touched: the names are new, and ``tmp`` is emptied first."""
     shutil.rmtree(tmp, ignore_errors=True)
     outputs.write_table(df, tmp)
+    names = _move_parts(tmp, directory, prefix)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return names
+
+
+def _move_parts(written: Path, directory: Path, prefix: str) -> list[str]:
+    """Move the part files Spark wrote under ``written`` into ``directory`` as
+    ``prefix-NNNN.parquet``; returns their names (none when ``written`` has none)."""
     directory.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
-    for index, part in enumerate(sorted(tmp.glob("part-*.parquet"))):
+    for index, part in enumerate(sorted(written.glob("part-*.parquet"))):
         name = f"{prefix}-{index:04d}.parquet"
         os.replace(part, directory / name)
         names.append(name)
-    shutil.rmtree(tmp, ignore_errors=True)
     return names
 
 
