@@ -54,8 +54,8 @@ def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) ->
 
     The percentiles are Spark's exact ``percentile``, taken from each
     queue's values collected and sorted (:func:`sorted_percentile`): the
-    same numbers, at a fifth of the cost (``percentile`` keeps a hash map
-    of the values and serializes it between the aggregation's stages).
+    same numbers, for less work (``percentile`` keeps a hash map of the
+    values and serializes it between the aggregation's stages).
     """
     effective = _with_overfull_us(episodes, window)
     drain_rate = F.when(
