@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -102,13 +103,31 @@ def rabbitmq_available() -> bool:
     return _rabbit_bin("rabbitmq-server") is not None
 
 
-def _free_port_pair() -> tuple[int, int]:
-    """Two free ports that are not RabbitMQ's shared defaults."""
-    reserved = {5672, 15672, 25672, 4369}
-    while True:
-        first, second = free_port(), free_port()
-        if first != second and not {first, second} & reserved:
-            return first, second
+#: Where a node's ports are drawn from: below Linux's default range of
+#: ephemeral ports (32768-60999), which the kernel hands to outgoing
+#: connections.  A node's ports are free while it is stopped; drawn from
+#: that range, one of them could be taken by any connection made meanwhile,
+#: and the restarted node would then fail to listen (``eaddrinuse``).
+_NODE_PORTS = range(20000, 32768)
+#: RabbitMQ's shared defaults (AMQP, management, distribution, epmd).
+_RESERVED_PORTS = frozenset({5672, 15672, 25672, 4369})
+
+
+def _node_ports(count: int) -> list[int]:
+    """``count`` distinct ports of :data:`_NODE_PORTS` that are free right now."""
+    chosen: list[int] = []
+    rng = random.SystemRandom()
+    while len(chosen) < count:
+        port = rng.choice(_NODE_PORTS)
+        if port in _RESERVED_PORTS or port in chosen:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        chosen.append(port)
+    return chosen
 
 
 class RabbitMQNode:
@@ -130,8 +149,9 @@ class RabbitMQNode:
         if not rabbitmq_available():
             raise NodeError("rabbitmq-server is not installed (apt-get install rabbitmq-server)")
         self.name = f"rf-{uuid.uuid4().hex[:10]}@localhost"
-        self.amqp_port, self.dist_port = _free_port_pair()
-        self.management_port = free_port() if management else None
+        ports = _node_ports(3)
+        self.amqp_port, self.dist_port = ports[0], ports[1]
+        self.management_port = ports[2] if management else None
         self._owns_dir = base_dir is None
         self.base = Path(base_dir or tempfile.mkdtemp(prefix="rabbitflow-node-"))
         self.management = management
