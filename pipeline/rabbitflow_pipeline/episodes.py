@@ -86,7 +86,7 @@ def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) ->
         "open_episodes",
         sorted_percentile(durations, 0.5).alias("duration_p50_s"),
         sorted_percentile(durations, 0.95).alias("duration_p95_s"),
-        F.element_at(F.when(F.size(durations) > 0, durations), -1).alias("duration_max_s"),
+        F.array_max(durations).alias("duration_max_s"),
         F.col("_latest.stop_count").alias("stop_count"),
         F.col("_latest.stop_size").alias("stop_size"),
         F.col("_latest_closed.resume_count").alias("resume_count"),
