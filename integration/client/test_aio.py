@@ -272,12 +272,16 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
 
         busy = await session.create_producer(await session.create_queue(busy_name))
 
+        busy_sent_at: list[float] = []
+        loop = asyncio.get_running_loop()
+
         async def publish(index: int) -> None:
             for n in range(200):
                 await busy.send(
                     session.create_text_message(f"{index}:{n}"),
                     delivery_mode=rabbitflow.NON_PERSISTENT,
                 )
+                busy_sent_at.append(loop.time())
 
         async with _Phase() as publishing:
             await asyncio.wait_for(asyncio.gather(*(publish(i) for i in range(50))), 120)
@@ -285,7 +289,6 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         # One task, a window of 5,000: its sends never wait, yet the loop runs.
         wide = await session.create_producer(await session.create_queue(busy_name), capacity=5000)
         sent_at: list[float] = []
-        loop = asyncio.get_running_loop()
         async with _Phase() as widely:
             for n in range(10000):
                 await wide.send(
@@ -305,6 +308,10 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         ("50 tasks publishing", publishing.lags),
         ("1 task, window 5,000", widely.lags),
     )
+    counted = {
+        "50 tasks publishing": (publishing, busy_sent_at, busy.capacity),
+        "1 task, window 5,000": (widely, sent_at, SENDS_PER_TURN),
+    }
     for label, (lags, own) in phases:
         assert len(lags) >= 20, f"{label}: the ticker hardly ran ({len(lags)} ticks)"
         state = (
@@ -312,38 +319,39 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
             f"max {max(lags) * 1000:.1f} ms; the loop's own part max {max(own) * 1000:.1f} ms, "
             f"second {sorted(own)[-2] * 1000:.1f} ms"
         )
-        # Every tick but one: the loop answers other work within 20 ms while
-        # send() suspends 100 tasks, while 50 tasks keep the window full, and
-        # while one task fills a window of 5,000.  The bound is on the loop's
-        # own part of each lag: the time other processes held the CPU (on a
-        # loaded machine, tens of milliseconds) is the operating system's,
-        # not the driver's.  A callback that computes or blocks for long
-        # counts in full, and would show at every step, so in many ticks.
-        # The one tick let off (and held to 50 ms) is for a single event the
-        # driver does not cause, seen once in a phase where the driver does
-        # nothing: a full garbage collection of this large test process, or
-        # CPU the hypervisor took.
+        # Each tick's own part is the loop's work (callbacks, garbage
+        # collection, a blocking call) less the time other processes held the
+        # CPU: the operating system's, not the driver's.  How much of that
+        # work one turn holds is what the driver decides, and it is counted,
+        # not timed, wherever the driver works (a machine of this kind twice
+        # as slow takes twice the time for the same turns).
         print(state)  # shown with -s: the figures of docs/client.md
         worst, second = sorted(own)[-1], sorted(own)[-2]
-        if label.startswith("1 task"):
-            # A window of 5,000 from one task is beyond what the SDK promises
-            # in time (20 ms with 100 tasks blocked or 50 publishing).  What it
-            # does promise is bounded work: a task whose sends never wait
-            # yields every SENDS_PER_TURN sends, so a tick that falls due waits
-            # for at most that many sends three times: the turn under way, the
-            # one queued before the tick's timer was seen to expire, and the
-            # one queued before the task the timer wakes (the timer's callback
-            # only schedules the ticker's next step).  That is counted, not
-            # timed.  In time, on a loaded machine, its turns reached
-            # 22 ms, once 51 ms (CI): each tick is held to 100 ms, the margin
-            # for a machine of this kind twice as slow.
-            most = widely.most_sends_while_due(sent_at)
-            print(f"{label}: at most {most} sends while a tick was due")
-            assert most <= 3 * SENDS_PER_TURN, f"{state}; {most} sends while a tick was due"
-            assert worst <= 0.100, state
+        if label.startswith("100"):
+            # The driver does nothing while the sends wait: every tick but
+            # one within 20 ms.  The one let off (and held to 50 ms) is for a
+            # single event the driver does not cause, seen once: a full
+            # garbage collection of this large test process, or CPU the
+            # hypervisor took.
+            assert second <= 0.020, state
+            assert worst <= 0.050, state
             continue
-        assert second <= 0.020, state
-        assert worst <= 0.050, state
+        # A send waits for room in the window, and room comes only with the
+        # confirms that one read of the socket hands over: a tick that falls
+        # due waits for at most three turns (the turn under way, the one
+        # queued before the tick's timer was seen to expire, and the one
+        # queued before the task the timer wakes; the timer's callback only
+        # schedules the ticker's next step), and one turn sends at most a
+        # window's worth (the 50 tasks share one window of 100), or
+        # SENDS_PER_TURN for a task whose sends never wait (the window of
+        # 5,000).  Each tick is held to 100 ms in time, the margin for a
+        # machine of this kind twice as slow (the turns of the wide window
+        # reached 22 ms on a loaded machine, once 51 ms, in CI).
+        phase, sends, window = counted[label]
+        most = phase.most_sends_while_due(sends)
+        print(f"{label}: at most {most} sends while a tick was due")
+        assert most <= 3 * window, f"{state}; {most} sends while a tick was due"
+        assert worst <= 0.100, state
 
 
 def _gateway_connection(url: str) -> pika.BlockingConnection:
