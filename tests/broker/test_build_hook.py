@@ -49,3 +49,19 @@ def test_the_pure_switch_builds_a_pure_wheel(
 
     assert setup_py.extensions("unused") == []
     assert "RABBITFLOW_PURE_PYTHON is set" in capsys.readouterr().err
+
+
+def test_the_engine_is_compiled_at_o3_unless_asked_otherwise(
+    setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(setup_py.OPT_LEVEL_ENV, raising=False)
+    assert setup_py.opt_level() == "3"
+    assert capsys.readouterr().err == ""
+
+    monkeypatch.setenv(setup_py.OPT_LEVEL_ENV, "0")
+    assert setup_py.opt_level() == "0"
+    assert "compiled at -O0 (slower than -O3)" in capsys.readouterr().err
+
+    monkeypatch.setenv(setup_py.OPT_LEVEL_ENV, "fast")
+    with pytest.raises(SystemExit, match="must be 0, 1, 2 or 3, got 'fast'"):
+        setup_py.opt_level()
