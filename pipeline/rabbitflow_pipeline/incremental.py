@@ -73,7 +73,6 @@ from rabbitflow_pipeline.session import is_connect
 from rabbitflow_pipeline.settling import (
     INTERVAL_SCHEMAS,
     StepState,
-    add_files,
     empty_client,
     final_rows,
     higher,
@@ -169,24 +168,41 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     if unchanged["malformed"]:
         run.give("malformed", _previous(step, "malformed", _MALFORMED_SCHEMA))
     else:
-        run.give("malformed", run.keep(_merged_malformed(step, client)))
+        run.give("malformed", _merged_malformed(step, client))
     step.channels = f"channels/v{step.batch:08d}"
     run.give("blocked_channels", step.pool.submit(_store_channels, step))
-    kept = Output(keep=True)
-    run.run(AGGREGATE_STEPS, {"queue_stats": kept, "queue_summary": kept, "advice": kept})
-    step.small = {
-        table: run.table(table) for table in ("send_delays", "malformed", "queue_summary", "advice")
-    }
-    written = {
-        table: step.pool.submit(add_files, step, df, table, f"r{step.batch:08d}")
-        for table, df in step.small.items()
+    # Only the per-queue statistics are kept (two tables read them); the
+    # small tables are each fetched once, in one job, written from the
+    # driver and shown from the same rows.
+    run.run(AGGREGATE_STEPS, {"queue_stats": Output(keep=True)})
+    fetched = {
+        table: step.pool.submit(_fetch_small, step, run.table(table), table)
+        for table in _SMALL_TABLES
         if not unchanged.get(table, False)
     }
-    for table, same in unchanged.items():
-        if same:
+    step.small = {}
+    for table in _SMALL_TABLES:
+        if table in fetched:
+            step.tables[table], step.small[table] = fetched[table].result()
+        else:
             step.tables[table] = step.cp.tables[table]
-    for table, done in written.items():
-        step.tables[table] = tuple(done.result())
+            files = [step.out / table / name for name in step.cp.tables[table]]
+            step.small[table] = outputs.arrow_rows(outputs.read_arrow(files))
+
+
+#: The aggregate tables a step rewrites whole (each a few rows per queue).
+_SMALL_TABLES = ("send_delays", "malformed", "queue_summary", "advice")
+
+
+def _fetch_small(
+    step: StepState, df: DataFrame, table: str
+) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """Fetch ``table``'s rows (one job), write them as the step's file of it; returns
+    the table's files and its rows for the report."""
+    rows = df.toArrow()
+    name = f"r{step.batch:08d}-0000.parquet"
+    outputs.write_arrow(rows, step.out / table, name)
+    return (name,), outputs.arrow_rows(rows)
 
 
 def _no_new_malformed(step: StepState) -> bool:
@@ -321,7 +337,7 @@ def _report(
     assert step.small is not None
     assert step.step_counts is not None
     spark, extra = step.spark, step.step_counts
-    small = {name: step.pool.submit(outputs.rows, df) for name, df in step.small.items()}
+    small = step.small
     stores = read_table(step, "store_episodes", STORE_EPISODES_SCHEMA)
     store_rows = step.pool.submit(outputs.rows, stores.orderBy("start").limit(50))
     open_now = None
@@ -332,7 +348,7 @@ def _report(
             outputs.open_now(*(each({"intervals": provisional}) for each in INTERVAL_STEPS)),
         )
     summary_rows = sorted(
-        small["queue_summary"].result(),
+        small["queue_summary"],
         key=lambda r: (-(r["time_overfull_s"] or 0.0), r["vhost"], r["queue"]),
     )
     top = summary_rows[: outputs.TIMELINE_QUEUES]
@@ -354,19 +370,19 @@ def _report(
         block_histogram=histogram_rows(blocks, "block"),
         delay_histogram=histogram_rows(delays, "delay"),
         advice=sorted(
-            small["advice"].result(),
+            small["advice"],
             key=lambda r: (r["stop_ok"] is not False, -(r["episodes"] or 0)),
         )[:100],
-        malformed=sorted(small["malformed"].result(), key=lambda r: -int(r["count"]))[:200],
+        malformed=sorted(small["malformed"], key=lambda r: -int(r["count"]))[:200],
         store_episodes=store_rows.result(),
         send_delays=sorted(
-            small["send_delays"].result(),
+            small["send_delays"],
             key=lambda r: (r["longest_delay_ms"] is None, -(r["longest_delay_ms"] or 0)),
         )[:20],
         open_now=None if open_now is None else open_now.result(),
     )
     write_text_atomically(step.out / "report.html", render_report(data))
-    return small["malformed"].result()
+    return small["malformed"]
 
 
 def run_step(

@@ -9,12 +9,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -25,10 +28,13 @@ __all__ = [
     "TIMELINE_QUEUES",
     "Kept",
     "Phases",
+    "arrow_rows",
     "open_now",
+    "read_arrow",
     "rows",
     "utc",
     "window_frame",
+    "write_arrow",
     "write_table",
 ]
 
@@ -56,6 +62,34 @@ def write_table(df: DataFrame, path: Path, *, partition_by: str | None = None) -
 def rows(df: DataFrame) -> list[dict[str, Any]]:
     """``df`` collected as dictionaries."""
     return [row.asDict() for row in df.collect()]
+
+
+def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table``'s rows as dictionaries, as :func:`rows` gives a DataFrame's, but
+    with timestamps as naive UTC datetimes (the report's times) whatever the
+    local time zone."""
+    columns = [
+        column.cast(pa.timestamp("us")) if pa.types.is_timestamp(column.type) else column
+        for column in table.columns
+    ]
+    converted: list[dict[str, Any]] = pa.table(columns, names=table.column_names).to_pylist()
+    return converted
+
+
+def write_arrow(table: pa.Table, directory: Path, name: str) -> None:
+    """Write ``table`` as the Parquet file ``directory/name``, atomically (a small
+    table's rows, already in the driver: no Spark job).  Spark reads it as it
+    reads its own files (timestamps are int64 microseconds in UTC, as
+    ``spark.sql.parquet.outputTimestampType`` makes Spark write them)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{name}.partial"
+    pq.write_table(table, partial)
+    os.replace(partial, directory / name)
+
+
+def read_arrow(paths: Sequence[Path]) -> pa.Table:
+    """The rows of the Parquet files ``paths`` (written by Spark or by :func:`write_arrow`)."""
+    return pa.concat_tables([pq.read_table(path) for path in paths], promote_options="permissive")
 
 
 def utc(micros: int | None) -> dt.datetime | None:

@@ -61,7 +61,6 @@ from rabbitflow_pipeline.schemas import (
 __all__ = [
     "INTERVAL_SCHEMAS",
     "StepState",
-    "add_files",
     "empty_client",
     "final_rows",
     "higher",
@@ -116,7 +115,8 @@ class StepState:
     tables: dict[str, tuple[str, ...]] | None = None
     state: str | None = None
     channels: str | None = None
-    small: dict[str, DataFrame] | None = None
+    #: The small aggregate tables' rows (for the report).
+    small: dict[str, list[dict[str, Any]]] | None = None
 
     @property
     def batch(self) -> int:
