@@ -81,6 +81,7 @@ from rabbitflow_pipeline.settling import (
     parse_step,
     provisional_rows,
     read_table,
+    value_frame,
     write_parts,
 )
 
@@ -149,7 +150,7 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     client = step.client if step.client is not None else empty_client(spark)
     given = {
         "episodes": read_table(step, "episodes", EPISODES_SCHEMA),
-        "window": outputs.window_frame(spark, *_window(step)),
+        "window": _window_frame(step),
         "parsed_client": client,
         "queue_limits": limits,
     }
@@ -276,6 +277,13 @@ def _previous(step: StepState, table: str, schema: Any) -> DataFrame:
     return step.spark.read.schema(schema).parquet(*(str(step.out / table / f) for f in files))
 
 
+def _window_frame(step: StepState) -> DataFrame:
+    """The observed window after this step, as the aggregates read it (from a file:
+    see :func:`~rabbitflow_pipeline.settling.value_frame`)."""
+    start_us, end_us = _window(step)
+    return outputs.window_of(value_frame(step, "window", {"start_us": start_us, "end_us": end_us}))
+
+
 def _window(step: StepState) -> tuple[int | None, int | None]:
     assert step.counts is not None
     return (
@@ -354,7 +362,7 @@ def _report(
     top = summary_rows[: outputs.TIMELINE_QUEUES]
     window = _window(step)
     episodes = read_table(step, "episodes", EPISODES_SCHEMA)
-    timeline = outputs.timeline_rows(spark, episodes, outputs.window_frame(spark, *window), top)
+    timeline = outputs.timeline_rows(spark, episodes, _window_frame(step), top)
     blocks = _histogram(counters, extra, "block")
     delays = {f"delay_{i}": counters.get(f"delay_{i}", 0) for i in range(len(blocks))}
     shown = _shown_totals(totals, counters, extra, summary_rows, kw["ignored"])

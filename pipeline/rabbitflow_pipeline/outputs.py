@@ -34,6 +34,7 @@ __all__ = [
     "rows",
     "utc",
     "window_frame",
+    "window_of",
     "write_arrow",
     "write_table",
 ]
@@ -104,9 +105,17 @@ def window_frame(spark: SparkSession, start_us: int | None, end_us: int | None) 
     Built from literals, not ``createDataFrame``: a DataFrame of Python rows
     starts a Python worker to read them back (about 2 s in local mode).
     """
-    start = F.lit(start_us).cast("long")
-    end = F.lit(end_us).cast("long")
-    return spark.range(1).select(
+    bounds = spark.range(1).select(
+        F.lit(start_us).cast("long").alias("start_us"), F.lit(end_us).cast("long").alias("end_us")
+    )
+    return window_of(bounds)
+
+
+def window_of(bounds: DataFrame) -> DataFrame:
+    """The observed window (as :func:`window_frame`) from a one-row frame of its bounds,
+    columns ``start_us`` and ``end_us`` (microseconds, long)."""
+    start, end = F.col("start_us"), F.col("end_us")
+    return bounds.select(
         F.timestamp_micros(start).alias("window_start"),
         F.timestamp_micros(end).alias("window_end"),
         ((end - start) / F.lit(1_000_000.0)).alias("window_s"),

@@ -69,6 +69,7 @@ __all__ = [
     "parse_step",
     "provisional_rows",
     "read_table",
+    "value_frame",
     "write_parts",
 ]
 
@@ -240,8 +241,9 @@ def _late(step: StepState, events: DataFrame) -> int:
     """New good events older than the last step's frontier (paired where they land)."""
     if step.cp.frontier_us is None:
         return 0
-    late = F.col("malformed_reason").isNull() & (F.unix_micros("ts") <= step.cp.frontier_us)
-    return events.where(late).count()
+    previous = value_frame(step, "previous-frontier", {"_previous_us": step.cp.frontier_us})
+    late = F.col("malformed_reason").isNull() & (F.unix_micros("ts") <= F.col("_previous_us"))
+    return events.crossJoin(F.broadcast(previous)).where(late).count()
 
 
 def _parse_client(step: StepState) -> None:
@@ -315,19 +317,26 @@ def pair_step(step: StepState) -> None:
 
 
 def _frontier_frame(step: StepState) -> DataFrame:
-    """This step's frontier (``_frontier_us``, null before any event) as a one-row DataFrame.
+    """This step's frontier (``_frontier_us``, null before any event) as a one-row DataFrame."""
+    return value_frame(step, "frontier", {"_frontier_us": step.frontier_us})
 
-    Read from a file the step writes, not a literal: Spark folds a literal
-    into the generated code of every stage that compares with it, and a new
-    frontier at each step would then compile that code again (and run it
-    cold, before the JIT compiles it) at each step.  A file's value is not
-    known when the query is planned, so the code stays the same.
+
+def value_frame(step: StepState, name: str, values: Mapping[str, int | None]) -> DataFrame:
+    """One row of long columns, ``values``, read from a file the step writes, not literals.
+
+    Spark folds a literal into the generated code of every stage that
+    compares with it (even through a cross join with a one-row frame of
+    literals: its optimizer propagates the value), so a value new at each
+    step (the frontier, the observed window) would compile that code again,
+    and run it cold before the JIT compiles it, at each step.  A file's
+    value is not known when the query is planned, so the code stays the same.
     """
-    path = step.root / "tmp" / f"frontier-{step.batch:08d}.parquet"
+    path = step.root / "tmp" / f"{name}-{step.batch:08d}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
-    frontier = pa.array([step.frontier_us], pa.int64())
-    pq.write_table(pa.table({"_frontier_us": frontier}), path)
-    return step.spark.read.schema("_frontier_us long").parquet(str(path))
+    columns = {column: pa.array([value], pa.int64()) for column, value in values.items()}
+    pq.write_table(pa.table(columns), path)
+    schema = ", ".join(f"{column} long" for column in values)
+    return step.spark.read.schema(schema).parquet(str(path))
 
 
 def _with_frontier(df: DataFrame, frontier: DataFrame, name: str, test: Column) -> DataFrame:
