@@ -318,3 +318,35 @@ def test_settled_step_files_are_compacted_and_the_tables_stay_those_of_the_batch
     batch = tmp_path / "batch"
     analyze(spark, [str(live)], batch)
     assert_same_tables(spark, out, batch)
+
+
+def test_a_warm_step_compiles_no_new_code(
+    spark: SparkSession,
+    tmp_path: Path,
+    generated: tuple[list[list[str]], list[str]],
+) -> None:
+    """Steps over more of the same input run the code the earlier steps generated.
+
+    A value new at each step (the frontier, the observed window) folded into
+    a query as a literal would make Spark generate and compile new classes
+    at every step, then run them cold until the JVM's JIT compiles them
+    again: counted here, not timed, by Spark's own compilation counter.
+    """
+    (gw0, gw1), _client = generated
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
+    compiled: list[int] = []
+    slices = 4
+    for index in range(slices):
+        for name, log in (("gw0", gw0), ("gw1", gw1)):
+            start, end = len(log) * index // slices, len(log) * (index + 1) // slices
+            append(live / f"{name}.jsonl", log[start:end])
+        before = int(codegen.METRIC_COMPILATION_TIME().getCount())
+        run_step(spark, [str(live / "*.jsonl")], out)
+        compiled.append(int(codegen.METRIC_COMPILATION_TIME().getCount()) - before)
+    # The first steps generate the code (the first of all, most of it);
+    # the last runs theirs again.
+    assert compiled[0] > 0, compiled
+    assert compiled[-1] == 0, compiled
