@@ -72,8 +72,10 @@ from rabbitflow_pipeline.schemas import (
 from rabbitflow_pipeline.session import is_connect
 from rabbitflow_pipeline.settling import (
     INTERVAL_SCHEMAS,
+    SMALL_TABLES,
     StepState,
     empty_client,
+    fetch_small,
     final_rows,
     higher,
     lower,
@@ -177,33 +179,18 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     # driver and shown from the same rows.
     run.run(AGGREGATE_STEPS, {"queue_stats": Output(keep=True)})
     fetched = {
-        table: step.pool.submit(_fetch_small, step, run.table(table), table)
-        for table in _SMALL_TABLES
+        table: step.pool.submit(fetch_small, step, run.table(table), table)
+        for table in SMALL_TABLES
         if not unchanged.get(table, False)
     }
     step.small = {}
-    for table in _SMALL_TABLES:
+    for table in SMALL_TABLES:
         if table in fetched:
             step.tables[table], step.small[table] = fetched[table].result()
         else:
             step.tables[table] = step.cp.tables[table]
             files = [step.out / table / name for name in step.cp.tables[table]]
             step.small[table] = outputs.arrow_rows(outputs.read_arrow(files))
-
-
-#: The aggregate tables a step rewrites whole (each a few rows per queue).
-_SMALL_TABLES = ("send_delays", "malformed", "queue_summary", "advice")
-
-
-def _fetch_small(
-    step: StepState, df: DataFrame, table: str
-) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
-    """Fetch ``table``'s rows (one job), write them as the step's file of it; returns
-    the table's files and its rows for the report."""
-    rows = df.toArrow()
-    name = f"r{step.batch:08d}-0000.parquet"
-    outputs.write_arrow(rows, step.out / table, name)
-    return (name,), outputs.arrow_rows(rows)
 
 
 def _no_new_malformed(step: StepState) -> bool:

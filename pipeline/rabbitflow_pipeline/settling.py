@@ -60,8 +60,10 @@ from rabbitflow_pipeline.schemas import (
 
 __all__ = [
     "INTERVAL_SCHEMAS",
+    "SMALL_TABLES",
     "StepState",
     "empty_client",
+    "fetch_small",
     "final_rows",
     "higher",
     "lower",
@@ -529,3 +531,18 @@ def read_table(step: StepState, table: str, schema: Any) -> DataFrame:
     if not files:
         return step.spark.createDataFrame([], schema)
     return step.spark.read.schema(schema).parquet(*(str(step.out / table / f) for f in files))
+
+
+#: The aggregate tables a step rewrites whole (each a few rows per queue).
+SMALL_TABLES = ("send_delays", "malformed", "queue_summary", "advice")
+
+
+def fetch_small(
+    step: StepState, df: DataFrame, table: str
+) -> tuple[tuple[str, ...], list[dict[str, Any]]]:
+    """Fetch ``table``'s rows (one job), write them as the step's file of it; returns
+    the table's files and its rows for the report."""
+    rows = df.toArrow()
+    name = f"r{step.batch:08d}-0000.parquet"
+    outputs.write_arrow(rows, step.out / table, name)
+    return (name,), outputs.arrow_rows(rows)
