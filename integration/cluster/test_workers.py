@@ -270,6 +270,15 @@ def test_two_workers_share_the_port_the_cluster_and_the_bound_and_a_killed_one_r
             timeout=30,
             what="flowStopped on both workers",
         )
+        # What the workers completed is in RabbitMQ before the drain starts:
+        # the owner counts a publish when a worker reports it, RabbitMQ a
+        # moment later (CI once saw the owner flow at 317 and the drain start
+        # while RabbitMQ still showed 278, so the peak never showed there).
+        wait_for(
+            lambda: watcher.maximum > STOP,
+            timeout=30,
+            what=f"RabbitMQ's depth past the stop threshold {STOP}",
+        )
         for producer in producers:
             assert producer.error is None, f"producer {producer.pid}: {producer.error!r}"
         marks = {p.pid: p.confirmed for p in producers}
