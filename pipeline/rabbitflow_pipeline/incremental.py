@@ -150,9 +150,10 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     if queue_limits is not None:
         limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
     client = step.client if step.client is not None else empty_client(spark)
+    step.window = _window_frame(step)
     given = {
         "episodes": read_table(step, "episodes", EPISODES_SCHEMA),
-        "window": _window_frame(step),
+        "window": step.window,
         "parsed_client": client,
         "queue_limits": limits,
     }
@@ -330,6 +331,7 @@ def _report(
     Returns the ``malformed`` table's rows (the step's result names its reasons).
     """
     assert step.small is not None
+    assert step.window is not None
     assert step.step_counts is not None
     spark, extra = step.spark, step.step_counts
     small = step.small
@@ -349,7 +351,7 @@ def _report(
     top = summary_rows[: outputs.TIMELINE_QUEUES]
     window = _window(step)
     episodes = read_table(step, "episodes", EPISODES_SCHEMA)
-    timeline = outputs.timeline_rows(spark, episodes, _window_frame(step), top)
+    timeline = outputs.timeline_rows(spark, episodes, step.window, top)
     blocks = _histogram(counters, extra, "block")
     delays = {f"delay_{i}": counters.get(f"delay_{i}", 0) for i in range(len(blocks))}
     shown = _shown_totals(totals, counters, extra, summary_rows, kw["ignored"])
