@@ -153,7 +153,7 @@ class GatewayProcess:
                 self._command, stdout=log, stderr=subprocess.STDOUT, env=self._env
             )
         try:
-            wait_for_amqp("127.0.0.1", self.port, time.monotonic() + 60)
+            wait_for_amqp("127.0.0.1", self.port, 60)
         except Exception as exc:
             self.__exit__()
             tail = self.log.read_text(errors="replace")[-2000:]
