@@ -111,6 +111,8 @@ def _socat(host: str, port: int) -> Iterator[tuple[int, Callable[[], float]]]:
         if process.returncode is None:
             process.kill()
             process.wait()
+        assert process.stderr is not None
+        process.stderr.close()
 
 
 @contextlib.contextmanager
