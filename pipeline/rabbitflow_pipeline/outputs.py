@@ -61,8 +61,13 @@ def write_table(df: DataFrame, path: Path, *, partition_by: str | None = None) -
 
 
 def rows(df: DataFrame) -> list[dict[str, Any]]:
-    """``df`` collected as dictionaries."""
-    return [row.asDict() for row in df.collect()]
+    """``df`` collected as dictionaries, timestamps as naive UTC datetimes (the
+    report's times).
+
+    Fetched as Arrow: ``collect()`` would give each timestamp in the Python
+    process's local time zone, which the report would show labelled UTC.
+    """
+    return arrow_rows(df.toArrow())
 
 
 def arrow_rows(table: pa.Table) -> list[dict[str, Any]]:

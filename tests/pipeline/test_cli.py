@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_pipeline.batch import TABLES, analyze
 from rabbitflow_pipeline.cli import main
+from rabbitflow_pipeline.incremental import run_step
 from rabbitflow_pipeline.limits import QueueLimitsError, parse_queue_limits
 
 from .logs import at, client_line, enforced, line, over, removed, store_over, under
@@ -247,3 +250,29 @@ def test_live_options_are_checked_before_spark_starts(
 def test_incremental_and_follow_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["gw.jsonl", "--out", str(tmp_path), "--incremental", "--follow"])
+
+
+@pytest.mark.parametrize("job", ["batch", "incremental"])
+def test_report_times_are_utc_whatever_the_local_time_zone(
+    spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]], job: str
+) -> None:
+    events, client = logs
+    out = tmp_path / "out"
+    # The store episode starts at 05:00:35 UTC; in Kolkata (UTC+5:30, no
+    # daylight saving) that is 10:30:35, which a report reading times in the
+    # process's zone would show, labelled UTC.
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    try:
+        if job == "batch":
+            analyze(spark, events, out, client_paths=client)
+        else:
+            run_step(spark, events, out, client_paths=client, live=True)
+    finally:
+        os.environ["TZ"] = "UTC"
+        time.tzset()
+    report = (out / "report.html").read_text()
+    store = report[report.index("Store episodes") :]
+    assert "2026-11-22 05:00:35" in store
+    assert "10:30:35" not in report
+    assert "10:30:30" not in report  # the open queue episode, shown at the top of a live report
