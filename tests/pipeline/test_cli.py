@@ -264,6 +264,8 @@ def test_report_times_are_utc_whatever_the_local_time_zone(
     os.environ["TZ"] = "Asia/Kolkata"
     time.tzset()
     try:
+        # The zone is known here (else the test could not see the fault).
+        assert time.strftime("%H:%M", time.localtime(0)) == "05:30"
         if job == "batch":
             analyze(spark, events, out, client_paths=client)
         else:
