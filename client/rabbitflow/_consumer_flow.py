@@ -16,7 +16,10 @@ with ``global=true``, which RabbitMQ applies at once) is kept equal to
 more.  Open MQ's batch rule: once a consumer's ``buffered + credit`` is down
 to its threshold (``limit * imqConsumerFlowThreshold // 100``) it gets the
 next batch, ``limit - buffered - credit`` credits (``limit - buffered`` when
-its credit is used up, as it is on a busy queue).
+its credit is used up, as it is on a busy queue).  An AUTO/DUPS_OK
+consumer acks what it processed with its next batch; one that processed
+everything delivered and whose credit then went unused for ``idle_after``
+seconds (a quiet queue, not a batch merely late) acks it on a ``tick``.
 
 ``imqConnectionFlowLimit`` (when enabled) is ONE total for the connection,
 shared by all its consumers, not a per-consumer share: the sum of ``buffered
@@ -146,6 +149,11 @@ class _Consumer:
     probe_at: float = 0.0  # when to ask its queue's depth next (while parked)
 
 
+def _drained(c: _Consumer) -> bool:
+    """An AUTO/DUPS_OK consumer that processed everything delivered and holds acks."""
+    return not c.app_acks and bool(c.held) and c.buffered == 0 and c.consuming
+
+
 class ConnectionFlow:
     """Credit accounting for all consumers of one connection."""
 
@@ -205,8 +213,13 @@ class ConnectionFlow:
 
     def wake_at(self) -> float | None:
         """When the driver should call ``tick`` next (None: no timer needed)."""
-        if self.connection_limit is None or not self.active:
+        if not self.active:
             return None
+        if self.connection_limit is None:
+            idle = [
+                c.last_active + self.idle_after for c in self._consumers.values() if _drained(c)
+            ]
+            return min(idle) if idle else None
         times = [c.probe_at for c in self._consumers.values() if c.parked and not c.hungry]
         if any(self._short(c) for c in self._consumers.values()):
             times += [
@@ -426,12 +439,15 @@ class ConnectionFlow:
             converted = 0
             # (Under a connection limit acks were sent above; one still held is
             # a consumer starved by the pool, acked with its next grant.)
-            if not limited and not c.app_acks and c.held and c.buffered == 0 and c.consuming:
-                # Idle: everything delivered is processed.  Ack now rather than
-                # at the next batch, which may never come on a quiet queue:
-                # unacked messages count in the queue's depth (and so in flow
-                # control) and would be redelivered if the channel closed.
-                # The prefetch stays, so the acked slots become credit.
+            if not limited and _drained(c) and now - c.last_active >= self.idle_after:
+                # Idle: everything delivered is processed and the credit went
+                # unused for idle_after.  Ack now rather than at the next
+                # batch, which may never come on a quiet queue: unacked
+                # messages count in the queue's depth (and so in flow control)
+                # and would be redelivered if the channel closed.  Not sooner:
+                # a batch merely late (a busy broker) would be topped up one
+                # message at a time.  The prefetch stays, so the acked slots
+                # become credit.
                 converted = c.held
                 c.credit += c.held
                 actions += self._flush_ack(cid, c)

@@ -281,6 +281,8 @@ class WireEvent:
     channel: int
     class_id: int
     method_id: int
+    #: A client basic.ack's delivery tag and multiple flag (None otherwise).
+    ack: tuple[int, bool] | None = None
 
     @property
     def is_delivery(self) -> bool:
@@ -307,13 +309,13 @@ class _FrameReader:
         self._buffer = bytearray()
         self._skip = 8 if skip_protocol_header else 0
 
-    def feed(self, data: bytes) -> list[tuple[int, int, int]]:
+    def feed(self, data: bytes) -> list[tuple[int, int, int, tuple[int, bool] | None]]:
         self._buffer += data
         if self._skip:
             taken = min(self._skip, len(self._buffer))
             del self._buffer[:taken]
             self._skip -= taken
-        methods: list[tuple[int, int, int]] = []
+        methods: list[tuple[int, int, int, tuple[int, bool] | None]] = []
         while len(self._buffer) >= 7:
             frame_type, channel, size = struct.unpack(">BHI", self._buffer[:7])
             if len(self._buffer) < size + 8:
@@ -322,7 +324,11 @@ class _FrameReader:
                 raise ValueError("AMQP frame without frame-end octet")
             if frame_type == _FRAME_METHOD and size >= 4:
                 class_id, method_id = struct.unpack(">HH", self._buffer[7:11])
-                methods.append((channel, class_id, method_id))
+                ack = None
+                if (class_id, method_id) == (BASIC, BASIC_ACK) and size >= 13:
+                    tag, bits = struct.unpack(">QB", self._buffer[11:20])
+                    ack = (tag, bool(bits & 1))
+                methods.append((channel, class_id, method_id, ack))
             del self._buffer[: size + 8]
         return methods
 
@@ -403,8 +409,10 @@ class AmqpTap:
                 data = source.recv(65536)
                 if not data:
                     break
-                for channel, class_id, method_id in reader.feed(data):
-                    event = WireEvent(upstream, channel, class_id, method_id)
+                for channel, class_id, method_id, ack in reader.feed(data):
+                    event = WireEvent(
+                        upstream, channel, class_id, method_id, ack if upstream else None
+                    )
                     with self._lock:
                         self._events.append(event)
                     if self._on_event is not None:
@@ -416,6 +424,27 @@ class AmqpTap:
             for sock in (source, sink):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+
+def ack_sizes(events: Iterable[WireEvent]) -> list[int]:
+    """How many deliveries each of the client's basic.ack frames acknowledged,
+    in order (a multiple ack: every tag of its channel up to its own).
+
+    With a constant prefetch each is the refill the client asked for: the
+    broker may send that many more deliveries.  Unlike the runs of
+    :func:`delivery_batches`, these do not depend on how the broker's answers
+    interleave with the client's next request.
+    """
+    acked: dict[int, int] = {}
+    sizes: list[int] = []
+    for event in events:
+        if event.ack is None:
+            continue
+        tag, multiple = event.ack
+        last = acked.get(event.channel, 0)
+        sizes.append(tag - last if multiple else 1)
+        acked[event.channel] = max(last, tag)
+    return sizes
 
 
 def delivery_batches(events: Iterable[WireEvent], channel: int | None = None) -> list[int]:

@@ -22,8 +22,10 @@ import rabbitflow
 
 from ..conftest import Broker
 from ._support import (
+    BASIC,
     AmqpTap,
     WireEvent,
+    ack_sizes,
     declare_queue,
     delivery_batches,
     publish_bodies,
@@ -131,11 +133,24 @@ def test_slow_listener_is_refilled_in_batches_of_half_to_all_of_the_limit(
         200,
     )
 
-    batches = delivery_batches(events)
-    assert sum(batches) == 200
-    assert max(batches) <= 10, batches
-    # The last refill may be short: the queue ran out.
-    assert all(5 <= size <= 10 for size in batches[:-1]), batches
+    # The prefetch is set once (the limit): after that each ack is a refill
+    # request, for as many deliveries as it acknowledges.
+    channel = next(e.channel for e in events if e.is_delivery)
+    qos = (BASIC, 10)
+    prefetches = [
+        e
+        for e in events
+        if e.upstream and e.channel == channel and (e.class_id, e.method_id) == qos
+    ]
+    assert len(prefetches) == 1, prefetches
+    refills = ack_sizes(events)
+    assert sum(refills) == 200
+    assert max(refills) <= 10, refills
+    # The last ack may be short: the queue ran out.
+    assert all(5 <= size <= 10 for size in refills[:-1]), refills
+    # The broker's answers never outrun them: no run of deliveries between
+    # two client frames is longer than the limit.
+    assert max(delivery_batches(events)) <= 10
 
 
 def test_connection_limit_caps_what_all_consumers_have_buffered(

@@ -180,11 +180,16 @@ def test_message_processed_after_its_consumer_closed_is_ignored() -> None:
     assert consumer.flow_stats().delivered == 0
 
 
-def test_quiet_queue_messages_are_acked_once_all_are_received() -> None:
-    _, connection, _, consumer, channel = setup({"imqConsumerFlowLimit": 1000})
+def test_quiet_queue_messages_are_acked_once_all_are_received_and_no_more_came() -> None:
+    harness, connection, _, consumer, channel = setup({"imqConsumerFlowLimit": 1000})
     connection.start()
     channel.emit_deliver(1, b"x")
     channel.emit_deliver(2, b"y")
     consumer.receive(0)
     consumer.receive(0)
+    # More may be on their way: the consumer waits a quarter of a second.
+    assert not any(call[0] == "ack" for call in channel.calls)
+    assert harness.transport.timers
+    harness.clock.advance(0.25)
+    harness.transport.fire_timers()
     assert channel.calls[-1] == ("ack", 2, True)

@@ -286,14 +286,34 @@ def test_bad_registration_is_refused() -> None:
         flow.register(1, limit=10, threshold_pct=101, app_acks=False)
 
 
-def test_idle_auto_consumer_acks_at_once_without_changing_prefetch() -> None:
+def test_idle_auto_consumer_acks_once_its_credit_went_unused_without_changing_prefetch() -> None:
     flow = started()
     flow.register(1, limit=1000, threshold_pct=50, app_acks=False)
-    deliver(flow, 1, 3)  # a quiet queue: 3 of 1000 credits used
-    flow.processed(1, 1)
-    flow.processed(1, 2)
-    assert flow.processed(1, 3) == [Ack(1, 3)]
+    deliver(flow, 1, 3, now=1.0)  # a quiet queue: 3 of 1000 credits used
+    assert [flow.processed(1, tag, now=1.01) for tag in (1, 2, 3)] == [[], [], []]
+    # Not idle yet: more deliveries may be on their way.
+    assert flow.wake_at() == pytest.approx(1.0 + flow.idle_after)
+    assert flow.tick(1.0 + flow.idle_after / 2) == []
+    assert flow.tick(1.0 + flow.idle_after) == [Ack(1, 3)]
     assert flow.stats(1).credit == 1000
+    assert flow.wake_at() is None
+
+
+def test_a_late_batch_is_not_topped_up_one_message_at_a_time() -> None:
+    # A busy broker: the batches granted at the threshold arrive late and a
+    # message at a time, each processed before the next arrives.
+    flow = started()
+    flow.register(1, limit=10, threshold_pct=50, app_acks=False)
+    tags = deliver(flow, 1, 10, now=1.0)
+    acks = [a for tag in tags for a in flow.processed(1, tag, now=1.05)]
+    assert acks == [Ack(1, 5), Ack(1, 10)]  # two batches of 5 asked for
+    for tag in range(11, 16):
+        deliver(flow, 1, 1, now=1.1)
+        acks += flow.processed(1, tag, now=1.1)
+    # The fifth of them brings buffer + credit down to the threshold: one ack of 5.
+    assert acks[2:] == [Ack(1, 15)]
+    assert flow.stats(1).grants == (10, 5, 5, 5)
+    assert flow.tick(1.1 + flow.idle_after / 2) == []
 
 
 def test_closing_an_auto_consumer_acks_what_it_processed() -> None:
