@@ -342,7 +342,16 @@ class AmqpTap:
     delivery the broker sent in answer to an ack appears after that ack.
     """
 
-    def __init__(self, upstream_url: str, on_event: Callable[[WireEvent], None] | None = None):
+    def __init__(
+        self,
+        upstream_url: str,
+        on_event: Callable[[WireEvent], None] | None = None,
+        *,
+        broker_delay_s: float = 0.0,
+    ):
+        #: Each read from the broker is held this long before it is relayed
+        #: (a busy broker whose answers come late).
+        self.broker_delay_s = broker_delay_s
         self._upstream = host_port(upstream_url)
         self._upstream_url = upstream_url
         self._on_event = on_event
@@ -417,6 +426,8 @@ class AmqpTap:
                         self._events.append(event)
                     if self._on_event is not None:
                         self._on_event(event)
+                if not upstream and self.broker_delay_s:
+                    time.sleep(self.broker_delay_s)
                 sink.sendall(data)
         except (OSError, ValueError):
             pass

@@ -83,10 +83,15 @@ def _preload(url: str, queue: str, count: int) -> None:
 
 
 def _consume(
-    url: str, queues: list[str], properties: dict[str, Any], total: int
+    url: str,
+    queues: list[str],
+    properties: dict[str, Any],
+    total: int,
+    *,
+    broker_delay_s: float = 0.0,
 ) -> tuple[Ledger, list[WireEvent]]:
     ledger = Ledger()
-    with AmqpTap(url, on_event=ledger.on_wire) as tap:
+    with AmqpTap(url, on_event=ledger.on_wire, broker_delay_s=broker_delay_s) as tap:
         factory = rabbitflow.ConnectionFactory(tap.url, properties=properties)
         with factory.create_connection() as connection:
             for queue in queues:
@@ -151,6 +156,28 @@ def test_slow_listener_is_refilled_in_batches_of_half_to_all_of_the_limit(
     # The broker's answers never outrun them: no run of deliveries between
     # two client frames is longer than the limit.
     assert max(delivery_batches(events)) <= 10
+
+
+def test_late_batches_from_a_busy_broker_are_not_topped_up_one_message_at_a_time(
+    broker: Broker, new_queue: Callable[[str], str]
+) -> None:
+    queue = new_queue("clate")
+    _preload(broker.url, queue, 100)
+
+    # Every read from the broker arrives 30 ms late: the listener (5 ms a
+    # message) empties its buffer before the batch it asked for arrives.
+    ledger, events = _consume(
+        broker.url,
+        [queue],
+        {"imqConsumerFlowLimit": 10, "imqConsumerFlowThreshold": 50},
+        100,
+        broker_delay_s=0.03,
+    )
+
+    refills = ack_sizes(events)
+    assert sum(refills) == 100
+    assert all(5 <= size <= 10 for size in refills[:-1]), refills
+    assert ledger.peak <= 10, f"{ledger.peak} delivered but unprocessed"
 
 
 def test_connection_limit_caps_what_all_consumers_have_buffered(
