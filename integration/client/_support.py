@@ -333,6 +333,10 @@ class _FrameReader:
         return methods
 
 
+#: The most a delayed tap reads from the broker at a time.
+_TRICKLE_BYTES = 128
+
+
 class AmqpTap:
     """A TCP proxy in front of a broker that records the AMQP method frames it relays.
 
@@ -349,8 +353,9 @@ class AmqpTap:
         *,
         broker_delay_s: float = 0.0,
     ):
-        #: Each read from the broker is held this long before it is relayed
-        #: (a busy broker whose answers come late).
+        #: Each read from the broker is held this long before it is relayed,
+        #: and is then at most :data:`_TRICKLE_BYTES` (about one small
+        #: delivery): a busy broker whose answers come late, a few at a time.
         self.broker_delay_s = broker_delay_s
         self._upstream = host_port(upstream_url)
         self._upstream_url = upstream_url
@@ -415,7 +420,8 @@ class AmqpTap:
         reader = _FrameReader(skip_protocol_header=upstream)
         try:
             while True:
-                data = source.recv(65536)
+                delayed = not upstream and self.broker_delay_s > 0
+                data = source.recv(_TRICKLE_BYTES if delayed else 65536)
                 if not data:
                     break
                 for channel, class_id, method_id, ack in reader.feed(data):
@@ -426,7 +432,7 @@ class AmqpTap:
                         self._events.append(event)
                     if self._on_event is not None:
                         self._on_event(event)
-                if not upstream and self.broker_delay_s:
+                if delayed:
                     time.sleep(self.broker_delay_s)
                 sink.sendall(data)
         except (OSError, ValueError):
