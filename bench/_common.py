@@ -26,13 +26,16 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pika
 
 __all__ = [
     "DEFAULT_URL",
+    "NO_FLOW",
     "Timing",
+    "load_average",
     "payload",
     "print_header",
     "print_row",
@@ -42,6 +45,15 @@ __all__ = [
 ]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+
+#: Queue arguments that keep the gateway's flow control from ever engaging
+#: (RabbitMQ ignores them): benches that measure the relay, not the flow.
+NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
+    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def payload(size: int) -> bytes:

@@ -66,7 +66,14 @@ import pika
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, payload, queue_depth, scratch_queue
+from bench._common import (
+    DEFAULT_URL,
+    NO_FLOW,
+    load_average,
+    payload,
+    queue_depth,
+    scratch_queue,
+)
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
@@ -78,7 +85,6 @@ from bench._gateway_common import (
     publish_window,
 )
 
-NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
 RATIO_TARGET = 0.90
 ADDED_LATENCY_TARGET_MS = 0.5
 DIRECT = "direct"
@@ -254,11 +260,6 @@ def _record(
             result.gateway_over_broker.setdefault(path, []).append(gateway_cpu / broker_cpu)
             line += f" ({gateway_cpu / broker_cpu:.2f}x RabbitMQ)"
     print(line, flush=True)
-
-
-def _loadavg() -> str:
-    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
-    return ", ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(
             f"RabbitMQ beam.smp pid {broker}; {n:,} messages per workload, "
-            f"{args.rounds} rounds, median kept; load average at the start: {_loadavg()}"
+            f"{args.rounds} rounds, median kept; load average at the start: {load_average()}"
         )
         meter = CpuMeter(broker, pids)
 
@@ -455,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         for result, workload in workloads:
             run_workload(result, workload, paths, direct=args.url, rounds=args.rounds, meter=meter)
 
-    print(f"load average at the end: {_loadavg()}")
+    print(f"load average at the end: {load_average()}")
     verdicts = print_summary(workloads, labels)
     print()
     for label, ok in verdicts.items():

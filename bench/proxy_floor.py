@@ -41,7 +41,7 @@ import pika
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, payload, scratch_queue
+from bench._common import DEFAULT_URL, NO_FLOW, load_average, payload, scratch_queue
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
@@ -51,7 +51,6 @@ from bench._gateway_common import (
 )
 from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
 
-NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
 BODY = payload(256)
 PATHS = ("direct", "socat", "forwarder", "gateway")
 
@@ -141,8 +140,7 @@ class _Paths:
     """The four paths to one RabbitMQ, the long-running proxies started once."""
 
     def __init__(self, url: str, gateway: GatewayProcess, forwarder: tuple[int, int]) -> None:
-        parts = urlsplit(url)
-        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 5672
+        self.host, self.port = _host_port(url)
         self.url = url
         self.gateway = gateway
         self.forwarder_port, self.forwarder_pid = forwarder
@@ -197,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         _forwarder(*_host_port(args.url)) as forwarder,
         scratch_queue(args.url, "floor", arguments=NO_FLOW) as queue,
     ):
-        print(f"gateway from {gateway.imported_from}; load average {_loadavg()}")
+        print(f"gateway from {gateway.imported_from}; load average {load_average()}")
         paths = _Paths(args.url, gateway, forwarder)
         for path in PATHS:  # one untimed warm-up each
             paths.run(path, _Sample(), queue, min(500, args.messages))
@@ -208,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 _purge(args.url, queue)
     print(
         f"{args.messages:,} messages per round, {args.rounds} rounds, medians; "
-        f"load average at the end {_loadavg()}"
+        f"load average at the end {load_average()}"
     )
     _summary(samples)
     return 0
@@ -225,10 +223,6 @@ def _purge(url: str, queue: str) -> None:
         connection.channel().queue_purge(queue)
     finally:
         connection.close()
-
-
-def _loadavg() -> str:
-    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 if __name__ == "__main__":

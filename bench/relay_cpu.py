@@ -48,13 +48,13 @@ from pamqp.body import ContentBody
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._common import NO_FLOW
 from rabbitflow_broker.engine.amqp import PROTOCOL_HEADER
 from rabbitflow_broker.engine.connection import Engine
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 
 QUEUE = "bench"
-NO_FLOW = {"qpid.flow_stop_count": 0, "qpid.flow_stop_size": 0}
 CHUNK_MESSAGES = 200
 
 
