@@ -303,11 +303,14 @@ class WireEvent:
 
 
 class _FrameReader:
-    """Splits a byte stream into AMQP frames and reports method frames."""
+    """Splits a byte stream into AMQP frames and reports method frames (and, from the
+    client, each basic.ack's delivery tag and multiple flag)."""
 
-    def __init__(self, skip_protocol_header: bool) -> None:
+    def __init__(self, from_client: bool) -> None:
         self._buffer = bytearray()
-        self._skip = 8 if skip_protocol_header else 0
+        # The client's stream opens with the protocol header; its acks are decoded.
+        self._skip = 8 if from_client else 0
+        self._acks = from_client
 
     def feed(self, data: bytes) -> list[tuple[int, int, int, tuple[int, bool] | None]]:
         self._buffer += data
@@ -325,7 +328,7 @@ class _FrameReader:
             if frame_type == _FRAME_METHOD and size >= 4:
                 class_id, method_id = struct.unpack(">HH", self._buffer[7:11])
                 ack = None
-                if (class_id, method_id) == (BASIC, BASIC_ACK) and size >= 13:
+                if self._acks and (class_id, method_id) == (BASIC, BASIC_ACK) and size >= 13:
                     tag, bits = struct.unpack(">QB", self._buffer[11:20])
                     ack = (tag, bool(bits & 1))
                 methods.append((channel, class_id, method_id, ack))
@@ -417,7 +420,7 @@ class AmqpTap:
             threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket, upstream: bool) -> None:
-        reader = _FrameReader(skip_protocol_header=upstream)
+        reader = _FrameReader(from_client=upstream)
         try:
             while True:
                 delayed = not upstream and self.broker_delay_s > 0
@@ -425,9 +428,7 @@ class AmqpTap:
                 if not data:
                     break
                 for channel, class_id, method_id, ack in reader.feed(data):
-                    event = WireEvent(
-                        upstream, channel, class_id, method_id, ack if upstream else None
-                    )
+                    event = WireEvent(upstream, channel, class_id, method_id, ack)
                     with self._lock:
                         self._events.append(event)
                     if self._on_event is not None:
