@@ -10,6 +10,8 @@ Layout under ``--out``::
                                last transitions of each queue (duplicate test)
     _state/channels/vN/        after step N: every channel blocked on a queue,
                                with its count of settled blocks
+    _state/stats/vN/           after step N: per queue, the statistics of its
+                               settled episodes (counts, sums, sorted durations)
     events/batch=N/            the parsed events of step N (Parquet event store)
     episodes/ channel_blocks/ store_episodes/
                                one file set per step of settled rows (``b...``),
@@ -61,7 +63,7 @@ REWRITTEN_TABLES = ("queue_summary", "advice", "send_delays", "malformed")
 
 _COMMIT = "commit.json"
 _MANIFEST = "_manifest.json"
-_STATE_AREAS = ("state", "channels", "tmp")
+_STATE_AREAS = ("state", "channels", "stats", "tmp")
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,10 @@ class Checkpoint:
     state: str | None = None
     #: ``_state``-relative directory of the blocked channels.
     channels: str | None = None
+    #: ``_state``-relative directory of the per-queue statistics of the settled
+    #: episodes (none before a step settled one, nor in a checkpoint written
+    #: before it was kept).
+    stats: str | None = None
     #: Table name to its current files (relative to the table directory).
     tables: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: Counts over the settled rows and the client records read so far
@@ -100,6 +106,7 @@ class Checkpoint:
             "late": self.late,
             "state": self.state,
             "channels": self.channels,
+            "stats": self.stats,
             "tables": {k: list(v) for k, v in self.tables.items()},
             "counters": dict(self.counters),
         }
@@ -118,6 +125,7 @@ class Checkpoint:
             late=int(doc["late"]),
             state=doc["state"],
             channels=doc.get("channels"),
+            stats=doc.get("stats"),
             tables={k: tuple(v) for k, v in doc["tables"].items()},
             counters={k: int(v) for k, v in doc.get("counters", {}).items()},
         )
@@ -160,7 +168,7 @@ def _remove(path: Path) -> None:
 def clean(out: Path, checkpoint: Checkpoint, *, keep_staging: int | None) -> None:
     """Delete whatever the checkpoint does not name (a killed step's leftovers, old state)."""
     root = out / STATE_DIR
-    named = {checkpoint.state, checkpoint.channels}
+    named = {checkpoint.state, checkpoint.channels, checkpoint.stats}
     for area in _STATE_AREAS:
         base = root / area
         if base.is_dir():

@@ -11,11 +11,12 @@ batch job writes for the whole input.  What is kept where is described in
 **Settling.**  Events may arrive up to ``lateness`` late; see
 :mod:`rabbitflow_pipeline.settling`.
 
-**Aggregates.**  Nothing is re-read from earlier steps but the episodes
-(for the exact duration percentiles and the report's timeline): the send
-delays and malformed counts are merged into the stored tables, blocked
-channels are stored per channel with their settled block counts, and the
-report's histograms and totals are counters in the checkpoint.
+**Aggregates.**  Nothing is re-read from earlier steps but the episodes of
+the queues the report's timeline draws: the per-queue statistics are a
+running state (:mod:`~rabbitflow_pipeline.stats_state`), the send delays
+and malformed counts merged into the stored tables, blocked channels
+stored per channel with their settled block counts, and the report's
+histograms and totals counters in the checkpoint.
 
 **Commit.**  A step writes everything under names of its own step number
 and then replaces ``commit.json`` (the one commit point); whatever a
@@ -60,7 +61,6 @@ from rabbitflow_pipeline.plan import (
     CLIENT_RECORDS,
     INTERVAL_STEPS,
     SEND_DELAYS,
-    Output,
     Run,
 )
 from rabbitflow_pipeline.report import ReportData, render_report
@@ -86,6 +86,7 @@ from rabbitflow_pipeline.settling import (
     value_frame,
     write_parts,
 )
+from rabbitflow_pipeline.stats_state import running_queue_stats
 
 __all__ = [
     "DEFAULT_LATENESS_S",
@@ -140,10 +141,9 @@ class StepResult:
 def _aggregates(step: StepState, queue_limits: Any) -> None:
     """Summary, advice, send delays and malformed counts from the stored state and this step.
 
-    The plan's aggregates, run over the tables kept across steps: all the
-    episodes stored, the blocked channels stored and this step's, the send
-    delays and malformed counts merged with the stored ones.
-    """
+    The plan's aggregates over what is kept across steps: the per-queue
+    statistics and blocked channels stored with this step's, the send delays
+    and malformed counts merged with the stored ones."""
     spark = step.spark
     assert step.tables is not None
     limits = None
@@ -151,13 +151,10 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
         limits = spark.createDataFrame(list(queue_limits), QUEUE_LIMITS_SCHEMA)
     client = step.client if step.client is not None else empty_client(spark)
     step.window = _window_frame(step)
-    given = {
-        "episodes": read_table(step, "episodes", EPISODES_SCHEMA),
-        "window": step.window,
-        "parsed_client": client,
-        "queue_limits": limits,
-    }
+    given = {"window": step.window, "parsed_client": client, "queue_limits": limits}
     run = Run(step.pool, step.kept, None, given)
+    # From the stored statistics and this step's episodes (not the table).
+    run.give("queue_stats", step.pool.submit(running_queue_stats, step))
     # A table whose inputs brought nothing new stays as stored (no job
     # merges it, nothing is written): the send delays without new client
     # lines, the malformed counts without new malformed or client lines.
@@ -175,10 +172,9 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
         run.give("malformed", _merged_malformed(step, client))
     step.channels = f"channels/v{step.batch:08d}"
     run.give("blocked_channels", step.pool.submit(_store_channels, step))
-    # Only the per-queue statistics are kept (two tables read them); the
-    # small tables are each fetched once, in one job, written from the
+    # The small tables are each fetched once, in one job, written from the
     # driver and shown from the same rows.
-    run.run(AGGREGATE_STEPS, {"queue_stats": Output(keep=True)})
+    run.run(AGGREGATE_STEPS, {})
     fetched = {
         table: step.pool.submit(fetch_small, step, run.table(table), table)
         for table in SMALL_TABLES
@@ -517,6 +513,7 @@ def _next_checkpoint(step: StepState, manifest: Mapping[str, Any]) -> Checkpoint
         late=cp.late + int(counts["late"]),
         state=step.state,
         channels=step.channels,
+        stats=step.stats,
         tables=dict(step.tables),
         counters=_counters(step),
     )

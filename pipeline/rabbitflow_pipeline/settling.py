@@ -118,6 +118,8 @@ class StepState:
     tables: dict[str, tuple[str, ...]] | None = None
     state: str | None = None
     channels: str | None = None
+    #: ``_state``-relative directory of the per-queue episode statistics.
+    stats: str | None = None
     #: The observed window after this step (one row, read from the step's file of it).
     window: DataFrame | None = None
     #: The small aggregate tables' rows (for the report).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -316,6 +317,37 @@ def test_settled_step_files_are_compacted_and_the_tables_stay_those_of_the_batch
     for table in ("episodes", "channel_blocks", "store_episodes"):
         on_disk = {p.name for p in (out / table).glob("*.parquet")}
         assert on_disk == set(tables[table]), (table, on_disk, tables[table])
+    batch = tmp_path / "batch"
+    analyze(spark, [str(live)], batch)
+    assert_same_tables(spark, out, batch)
+
+
+def test_a_checkpoint_without_stored_statistics_starts_them_from_its_episodes(
+    spark: SparkSession,
+    tmp_path: Path,
+    generated: tuple[list[list[str]], list[str]],
+) -> None:
+    """A checkpoint written before the per-queue statistics were kept (none named,
+    none on disk): the next step builds them from the stored episodes once, and
+    the summary and advice are still the batch job's."""
+    (gw0, _gw1), _client = generated
+    live = tmp_path / "gw0.jsonl"
+    out = tmp_path / "incremental"
+    half = len(gw0) // 2
+    append(live, gw0[:half])
+    run_step(spark, [str(live)], out, lateness_s=0)
+    commit_file = out / STATE_DIR / "commit.json"
+    doc = json.loads(commit_file.read_text())
+    assert doc["stats"] is not None
+    del doc["stats"]
+    commit_file.write_text(json.dumps(doc))
+    shutil.rmtree(out / STATE_DIR / "stats")
+
+    append(live, gw0[half:])
+    run_step(spark, [str(live)], out, lateness_s=0)
+    stats = load_checkpoint(out).stats
+    assert stats is not None
+    assert (out / STATE_DIR / stats).is_dir()
     batch = tmp_path / "batch"
     analyze(spark, [str(live)], batch)
     assert_same_tables(spark, out, batch)
