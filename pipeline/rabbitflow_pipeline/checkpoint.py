@@ -11,7 +11,8 @@ Layout under ``--out``::
     _state/channels/vN/        after step N: every channel blocked on a queue,
                                with its count of settled blocks
     _state/stats/vN/           after step N: per queue, the statistics of its
-                               settled episodes (counts, sums, sorted durations)
+                               settled episodes (counts, time overfull, sorted
+                               durations and drain rates, latest thresholds)
     events/batch=N/            the parsed events of step N (Parquet event store)
     episodes/ channel_blocks/ store_episodes/
                                one file set per step of settled rows (``b...``),

@@ -9,15 +9,12 @@ from rabbitflow_pipeline.pairing import flow_intervals, seconds_between
 from rabbitflow_pipeline.schemas import EPISODES_SCHEMA
 
 __all__ = [
-    "episode_partials",
     "episode_timeline",
     "episodes_from",
-    "merge_partials",
     "observed_window",
     "queue_episode_stats",
     "queue_episodes",
     "sorted_percentile",
-    "stats_from_partials",
 ]
 
 
@@ -60,28 +57,15 @@ def queue_episode_stats(episodes: DataFrame, window: DataFrame | None = None) ->
     same numbers, for less work (``percentile`` keeps a hash map of the
     values and serializes it between the aggregation's stages).
     """
-    return stats_from_partials(episode_partials(episodes, window))
-
-
-def episode_partials(episodes: DataFrame, window: DataFrame | None = None) -> DataFrame:
-    """Per (vhost, queue), what :func:`queue_episode_stats` is computed from, in a form
-    that adds up: the statistics of a union of episodes are
-    :func:`stats_from_partials` of :func:`merge_partials` of each part's partials.
-
-    Columns: ``vhost``, ``queue``, ``flow_stopped_count``, ``_overfull_us``
-    (whole microseconds), ``open_episodes``, ``_durations`` and
-    ``_drain_rates`` (sorted arrays of the closed episodes' values),
-    ``_latest`` and ``_latest_closed`` (structs compared by their start first).
-    """
     effective = _with_overfull_us(episodes, window)
     drain_rate = F.when(
         (F.col("duration_s") > 0) & (F.col("start_messages") >= F.col("end_messages")),
         (F.col("start_messages") - F.col("end_messages")) / F.col("duration_s"),
     )
     closed = ~F.col("open")
-    return effective.groupBy("vhost", "queue").agg(
+    stats = effective.groupBy("vhost", "queue").agg(
         F.count(F.lit(1)).alias("flow_stopped_count"),
-        F.sum("_overfull_us").alias("_overfull_us"),
+        (F.sum("_overfull_us") / F.lit(1_000_000.0)).alias("time_overfull_s"),
         F.sum(F.col("open").cast("long")).alias("open_episodes"),
         # Nulls (open episodes) are not collected.
         F.sort_array(F.collect_list("duration_s")).alias("_durations"),
@@ -93,29 +77,12 @@ def episode_partials(episodes: DataFrame, window: DataFrame | None = None) -> Da
             "_latest_closed"
         ),
     )
-
-
-def merge_partials(partials: DataFrame) -> DataFrame:
-    """:func:`episode_partials` rows of several parts (a union) added up per (vhost, queue)."""
-    return partials.groupBy("vhost", "queue").agg(
-        F.sum("flow_stopped_count").alias("flow_stopped_count"),
-        F.sum("_overfull_us").alias("_overfull_us"),
-        F.sum("open_episodes").alias("open_episodes"),
-        F.sort_array(F.flatten(F.collect_list("_durations"))).alias("_durations"),
-        F.sort_array(F.flatten(F.collect_list("_drain_rates"))).alias("_drain_rates"),
-        F.max("_latest").alias("_latest"),
-        F.max("_latest_closed").alias("_latest_closed"),
-    )
-
-
-def stats_from_partials(partials: DataFrame) -> DataFrame:
-    """The columns of :func:`queue_episode_stats` from :func:`episode_partials` rows."""
     durations = F.col("_durations")
-    return partials.select(
+    return stats.select(
         "vhost",
         "queue",
         "flow_stopped_count",
-        (F.col("_overfull_us") / F.lit(1_000_000.0)).alias("time_overfull_s"),
+        "time_overfull_s",
         "open_episodes",
         sorted_percentile(durations, 0.5).alias("duration_p50_s"),
         sorted_percentile(durations, 0.95).alias("duration_p95_s"),

@@ -154,7 +154,7 @@ def _aggregates(step: StepState, queue_limits: Any) -> None:
     given = {"window": step.window, "parsed_client": client, "queue_limits": limits}
     run = Run(step.pool, step.kept, None, given)
     # From the stored statistics and this step's episodes (not the table).
-    run.give("queue_stats", step.pool.submit(running_queue_stats, step))
+    run.give("queue_stats", step.pool.submit(running_queue_stats, step, _window(step)[1]))
     # A table whose inputs brought nothing new stays as stored (no job
     # merges it, nothing is written): the send delays without new client
     # lines, the malformed counts without new malformed or client lines.

@@ -1,13 +1,17 @@
 """The incremental step's per-queue episode statistics, kept as a running state.
 
 A settled episode never changes (see :mod:`rabbitflow_pipeline.settling`),
-so each step adds its settled episodes' :func:`episode_partials` to the
-stored ones (``_state/stats/vN``: one row per queue, its counts, sums,
-sorted durations and drain rates, latest thresholds) and computes the
-``queue_stats`` the summary and advice read from that and the step's
-provisional episodes.  The numbers are those of
-:func:`~rabbitflow_pipeline.episodes.queue_episode_stats` over every
-episode stored, to the last bit, without reading the ``episodes`` table.
+so the statistics the summary and advice read
+(:func:`~rabbitflow_pipeline.episodes.queue_episode_stats`) are kept per
+queue in ``_state/stats/vN/``: counts, the time overfull in whole
+microseconds, the latest thresholds, and the sorted durations and drain
+rates the exact percentiles are taken from.  Each step fetches its own
+episodes (one small job over the rows it keeps anyway), adds the settled
+ones to the stored statistics, and computes the ``queue_stats`` table from
+those and its provisional ones, in the driver: no Spark job reads the
+episodes of earlier steps, and none re-sorts them.  The numbers are those
+of :func:`~rabbitflow_pipeline.episodes.queue_episode_stats`, to the last
+bit (a test compares them over random episodes cut in random steps).
 
 A checkpoint written before this state existed has none: its settled
 episodes are then read once, and the state starts from them.
@@ -15,69 +19,275 @@ episodes are then read once, and the state starts from them.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from rabbitflow_pipeline.episodes import (
-    episode_partials,
-    episodes_from,
-    merge_partials,
-    stats_from_partials,
-)
+from rabbitflow_pipeline import outputs
+from rabbitflow_pipeline.episodes import queue_episode_stats
 from rabbitflow_pipeline.schemas import EPISODES_SCHEMA
-from rabbitflow_pipeline.settling import StepState, final_rows, provisional_rows
+from rabbitflow_pipeline.settling import StepState
 
-__all__ = ["STATS_AREA", "running_queue_stats"]
+__all__ = [
+    "STATS_AREA",
+    "QueueStats",
+    "added",
+    "fold_episodes",
+    "running_queue_stats",
+    "stats_table",
+]
 
 #: The ``_state`` area of the stored statistics.
 STATS_AREA = "stats"
+_STATS_FILE = "stats.parquet"
 
-#: The schema of :func:`episode_partials` rows, built once per process.
-_PARTIALS_SCHEMA: list[T.StructType] = []
+#: The episode columns the statistics read.
+_COLUMNS = (
+    "vhost",
+    "queue",
+    "start",
+    "end",
+    "duration_s",
+    "open",
+    "start_messages",
+    "end_messages",
+    "stop_count",
+    "stop_size",
+    "resume_count",
+    "resume_size",
+)
+
+Key = tuple[str | None, str | None]
+#: A threshold struct as Spark compares it: the start, then each field (null first).
+Latest = tuple[int, int | None, int | None]
 
 
-def _partials_schema(spark: SparkSession) -> T.StructType:
-    if not _PARTIALS_SCHEMA:
-        _PARTIALS_SCHEMA.append(episode_partials(spark.createDataFrame([], EPISODES_SCHEMA)).schema)
-    return _PARTIALS_SCHEMA[0]
+def _order(latest: Latest) -> tuple[Any, ...]:
+    return tuple((value is not None, value if value is not None else 0) for value in latest)
 
 
-def running_queue_stats(step: StepState) -> DataFrame:
-    """Store the statistics with this step's settled episodes added (when it has any);
-    return the ``queue_stats`` table, those and its provisional episodes', kept.
+def _later(a: Latest | None, b: Latest | None) -> Latest | None:
+    """Spark's ``max`` of two structs (nulls ignored)."""
+    if a is None or b is None:
+        return a if b is None else b
+    return a if _order(a) >= _order(b) else b
 
-    Sets ``step.stats`` to the stored statistics the checkpoint names.
+
+@dataclass
+class QueueStats:
+    """One queue's statistics over some of its episodes; :meth:`plus` adds two."""
+
+    count: int = 0
+    #: Null while no episode had a time overfull (no window).
+    overfull_us: int | None = None
+    open: int = 0
+    durations: list[float] = field(default_factory=list)
+    drain_rates: list[float] = field(default_factory=list)
+    latest: Latest | None = None
+    latest_closed: Latest | None = None
+
+    def plus(self, other: QueueStats) -> QueueStats:
+        """Both together (sorted lists merged: ``sorted`` takes two sorted runs in linear time)."""
+        overfull = self.overfull_us
+        if other.overfull_us is not None:
+            overfull = other.overfull_us + (overfull or 0)
+        return QueueStats(
+            self.count + other.count,
+            overfull,
+            self.open + other.open,
+            sorted(self.durations + other.durations),
+            sorted(self.drain_rates + other.drain_rates),
+            _later(self.latest, other.latest),
+            _later(self.latest_closed, other.latest_closed),
+        )
+
+    def row(self, key: Key) -> dict[str, Any]:
+        """The row of :func:`queue_episode_stats` these statistics give."""
+        latest = self.latest or (0, None, None)
+        closed = self.latest_closed or (0, None, None)
+        return {
+            "vhost": key[0],
+            "queue": key[1],
+            "flow_stopped_count": self.count,
+            "time_overfull_s": None if self.overfull_us is None else self.overfull_us / 1_000_000.0,
+            "open_episodes": self.open,
+            "duration_p50_s": _percentile(self.durations, 0.5),
+            "duration_p95_s": _percentile(self.durations, 0.95),
+            "duration_max_s": self.durations[-1] if self.durations else None,
+            "stop_count": latest[1],
+            "stop_size": latest[2],
+            "resume_count": closed[1],
+            "resume_size": closed[2],
+            "drain_rate_msgs_s": _percentile(self.drain_rates, 0.5),
+        }
+
+
+def _percentile(values: list[float], percentage: float) -> float | None:
+    """:func:`~rabbitflow_pipeline.episodes.sorted_percentile`, the same operations in
+    the same order (so the same double)."""
+    if not values:
+        return None
+    position = float(len(values) - 1) * percentage
+    lower, higher = math.floor(position), math.ceil(position)
+    low, high = values[lower], values[higher]
+    if higher == lower or low == high:
+        return low
+    return low + (position - lower) * (high - low)
+
+
+def fold_episodes(episodes: pa.Table, window_end_us: int | None) -> dict[Key, QueueStats]:
+    """Per queue, the statistics of ``episodes`` (Arrow, columns of :data:`_COLUMNS`);
+    an open episode is overfull up to ``window_end_us``."""
+    columns = {name: _values(episodes, name) for name in _COLUMNS}
+    stats: dict[Key, QueueStats] = {}
+    for row in zip(*columns.values(), strict=True):
+        (vhost, queue, start, end, duration, is_open, start_m, end_m, *thresholds) = row
+        q = stats.setdefault((vhost, queue), QueueStats())
+        q.count += 1
+        until = end if end is not None else window_end_us
+        if until is not None:
+            q.overfull_us = (q.overfull_us or 0) + until - start
+        q.open += 1 if is_open else 0
+        if duration is not None:
+            q.durations.append(duration)
+            if duration > 0 and start_m is not None and end_m is not None and start_m >= end_m:
+                q.drain_rates.append((start_m - end_m) / duration)
+        q.latest = _later(q.latest, (start, thresholds[0], thresholds[1]))
+        if is_open is False:
+            q.latest_closed = _later(q.latest_closed, (start, thresholds[2], thresholds[3]))
+    for q in stats.values():
+        q.durations.sort()
+        q.drain_rates.sort()
+    return stats
+
+
+def _values(table: pa.Table, name: str) -> list[Any]:
+    column = table.column(name)
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.int64())
+    values: list[Any] = column.to_pylist()
+    return values
+
+
+def added(a: Mapping[Key, QueueStats], b: Mapping[Key, QueueStats]) -> dict[Key, QueueStats]:
+    """Each queue's statistics of ``a`` and ``b`` together."""
+    both = dict(a)
+    for key, stats in b.items():
+        both[key] = both[key].plus(stats) if key in both else stats
+    return both
+
+
+#: The ``queue_stats`` schema, built once per process.
+_STATS_SCHEMA: list[T.StructType] = []
+
+
+def _stats_schema(spark: SparkSession) -> T.StructType:
+    if not _STATS_SCHEMA:
+        empty = spark.createDataFrame([], EPISODES_SCHEMA)
+        _STATS_SCHEMA.append(queue_episode_stats(empty, outputs.window_frame(spark, 0, 0)).schema)
+    return _STATS_SCHEMA[0]
+
+
+def stats_table(stats: Mapping[Key, QueueStats], spark: SparkSession) -> pa.Table:
+    """``stats`` as an Arrow table of :func:`queue_episode_stats`'s columns."""
+    schema = _stats_schema(spark)
+    rows = [stats[key].row(key) for key in sorted(stats, key=str)]
+    types = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64()}
+    arrow = pa.schema([(f.name, types[f.dataType.simpleString()]) for f in schema.fields])
+    return pa.Table.from_pylist(rows, arrow)
+
+
+def running_queue_stats(step: StepState, window_end_us: int | None) -> DataFrame:
+    """Store the statistics with this step's settled episodes added; return the
+    ``queue_stats`` table of those and its provisional ones (an open episode is
+    overfull up to ``window_end_us``, the end of the observed window).
+
+    Fetches the step's episodes from its kept intervals in one job; sets
+    ``step.stats`` to the stored statistics the checkpoint names.
     """
-    assert step.window is not None
-    assert step.step_counts is not None
-    spark = step.spark
-    schema = _partials_schema(spark)
-    stored = _stored(step, schema)
+    assert step.intervals is not None
+    queue = F.col("kind") == F.lit("queue")
+    episodes = step.intervals.where(queue).select(*_COLUMNS, "_final").toArrow()
+    final = episodes.column("_final")
+    settled, provisional = episodes.filter(final), episodes.filter(pc.invert(final))
+    stored = _stored(step)
     step.stats = step.cp.stats
-    if int(step.step_counts["final_episodes"]) or (step.cp.stats is None and stored is not None):
-        settled = episode_partials(episodes_from(final_rows(step)), step.window)
-        merged = settled if stored is None else merge_partials(stored.unionByName(settled))
+    if settled.num_rows or (step.cp.stats is None and stored):
+        stored = added(stored, fold_episodes(settled, window_end_us))
         step.stats = f"{STATS_AREA}/v{step.batch:08d}"
-        path = str(step.root / step.stats)
-        # One file (a row per queue): the merge's last stage in one task.
-        merged.coalesce(1).write.mode("overwrite").parquet(path)
-        stored = spark.read.schema(schema).parquet(path)
-    provisional = episode_partials(episodes_from(provisional_rows(step)), step.window)
-    parts = provisional if stored is None else stored.unionByName(provisional)
-    return step.kept.keep(stats_from_partials(merge_partials(parts)))
+        outputs.write_arrow(_state_table(stored), step.root / step.stats, _STATS_FILE)
+    current = added(stored, fold_episodes(provisional, window_end_us))
+    path = step.root / "tmp" / f"queue-stats-{step.batch:08d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(stats_table(current, step.spark), path)
+    return step.spark.read.schema(_stats_schema(step.spark)).parquet(str(path))
 
 
-def _stored(step: StepState, schema: T.StructType) -> DataFrame | None:
+_LATEST_FIELDS = ("start", "a", "b")
+
+
+def _state_table(stats: Mapping[Key, QueueStats]) -> pa.Table:
+    keys = sorted(stats, key=str)
+    values = [stats[k] for k in keys]
+
+    def latest(name: str, index: int) -> pa.Array:
+        got = [None if getattr(s, name) is None else getattr(s, name)[index] for s in values]
+        return pa.array(got, pa.int64())
+
+    columns = {
+        "vhost": pa.array([k[0] for k in keys], pa.string()),
+        "queue": pa.array([k[1] for k in keys], pa.string()),
+        "count": pa.array([s.count for s in values], pa.int64()),
+        "overfull_us": pa.array([s.overfull_us for s in values], pa.int64()),
+        "open": pa.array([s.open for s in values], pa.int64()),
+        "durations": pa.array([s.durations for s in values], pa.list_(pa.float64())),
+        "drain_rates": pa.array([s.drain_rates for s in values], pa.list_(pa.float64())),
+    }
+    for name in ("latest", "latest_closed"):
+        for index, part in enumerate(_LATEST_FIELDS):
+            columns[f"{name}_{part}"] = latest(name, index)
+    return pa.table(columns)
+
+
+def _from_state_table(table: pa.Table) -> dict[Key, QueueStats]:
+    c = {name: table.column(name).to_pylist() for name in table.column_names}
+
+    def latest(name: str, i: int) -> Latest | None:
+        start = c[f"{name}_start"][i]
+        return None if start is None else (start, c[f"{name}_a"][i], c[f"{name}_b"][i])
+
+    return {
+        (c["vhost"][i], c["queue"][i]): QueueStats(
+            c["count"][i],
+            c["overfull_us"][i],
+            c["open"][i],
+            c["durations"][i],
+            c["drain_rates"][i],
+            latest("latest", i),
+            latest("latest_closed", i),
+        )
+        for i in range(table.num_rows)
+    }
+
+
+def _stored(step: StepState) -> dict[Key, QueueStats]:
     """The statistics stored by the last step; for a checkpoint without them, its
-    settled episodes' (read once); None when there is nothing stored."""
-    spark = step.spark
+    settled episodes' (read once)."""
     if step.cp.stats is not None:
-        return spark.read.schema(schema).parquet(str(step.root / step.cp.stats))
+        return _from_state_table(pq.read_table(step.root / step.cp.stats / _STATS_FILE))
     settled = [f for f in step.cp.tables.get("episodes", ()) if f.startswith("b")]
     if not settled:
-        return None
-    assert step.window is not None
-    episodes = spark.read.schema(EPISODES_SCHEMA).parquet(
-        *(str(step.out / "episodes" / f) for f in settled)
-    )
-    return episode_partials(episodes, step.window)
+        return {}
+    paths: Iterable[Path] = (step.out / "episodes" / f for f in settled)
+    episodes = outputs.read_arrow(list(paths)).select(list(_COLUMNS))
+    # Settled episodes are closed: the window does not enter their time overfull.
+    return fold_episodes(episodes, None)

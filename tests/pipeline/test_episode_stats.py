@@ -6,18 +6,13 @@ import datetime as dt
 import random
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from rabbitflow_pipeline.episodes import (
-    episode_partials,
-    merge_partials,
-    queue_episode_stats,
-    sorted_percentile,
-    stats_from_partials,
-)
+from rabbitflow_pipeline.episodes import queue_episode_stats, sorted_percentile
 from rabbitflow_pipeline.outputs import window_frame
 from rabbitflow_pipeline.schemas import EPISODES_SCHEMA
+from rabbitflow_pipeline.stats_state import added, fold_episodes
 
 PERCENTAGES = (0.0, 0.25, 0.5, 0.95, 1.0)
 
@@ -97,43 +92,36 @@ def test_queue_stats_take_thresholds_from_the_latest_episodes(spark: SparkSessio
     assert row["drain_rate_msgs_s"] == 5.0
 
 
-def test_partials_of_parts_add_up_to_the_statistics_of_the_whole(spark: SparkSession) -> None:
-    """What the incremental step stores per queue, merged over any split of the
-    episodes (parts already merged, and parts without a queue), gives the
-    statistics of all of them, to the last bit."""
+def test_the_steps_running_statistics_are_sparks_to_the_last_bit(spark: SparkSession) -> None:
+    """The statistics an incremental step keeps per queue and adds up in the driver,
+    over episodes cut into parts (as steps add their settled episodes, then their
+    provisional ones), are :func:`queue_episode_stats` over all of them, exactly."""
     rng = random.Random(20261129)
     rows = []
     for queue in "abcdef":
         start = 0
         for _ in range(rng.randint(1, 40)):
-            start += rng.randint(1, 30)
-            length = rng.choice([None, 0, *range(1, 20)]) if queue != "f" else None
+            start += rng.randint(0, 30)  # equal starts: the thresholds' order decides
+            length = None if queue == "f" else rng.choice([None, 0, *range(1, 20)])
             end = None if length is None else start + length
             messages = (rng.randint(0, 500), None if end is None else rng.randint(0, 500))
-            row = _episode(
-                start, end, stop=(rng.randint(1, 9), 1), resume=(2, 3), messages=messages
-            )
-            if end is not None:
+            stop = (rng.randint(1, 9), rng.choice([None, 1, 2]))
+            row = _episode(start, end, stop=stop, resume=(2, rng.randint(1, 3)), messages=messages)
+            if end is not None:  # durations that do not add up exactly in binary
                 row["duration_s"] = (length or 0) + rng.choice([0.0, 0.1, 0.333])
             rows.append({**row, "queue": queue})
     rng.shuffle(rows)
     base_us = int(dt.datetime(2026, 11, 28, tzinfo=dt.UTC).timestamp() * 1_000_000)
-    window = window_frame(spark, base_us, base_us + 2_000_000_000)
-    whole = queue_episode_stats(spark.createDataFrame(rows, EPISODES_SCHEMA), window)
+    end_us = base_us + 2_000_000_000
+    window = window_frame(spark, base_us, end_us)
+    expected = queue_episode_stats(spark.createDataFrame(rows, EPISODES_SCHEMA), window)
 
     cuts = sorted(rng.sample(range(1, len(rows)), 3))
-    parts = [rows[a:b] for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True)]
-    partials = [episode_partials(spark.createDataFrame(p, EPISODES_SCHEMA), window) for p in parts]
-    # The first two merged first, as a step merges the stored ones with its own.
-    stored = merge_partials(partials[0].unionByName(partials[1]))
-    merged = stored
-    for more in partials[2:]:
-        merged = merged.unionByName(more)
-    got = stats_from_partials(merge_partials(merged))
-
-    def by_queue(df: DataFrame) -> list[tuple[object, ...]]:
-        return sorted(tuple(r) for r in df.collect())
-
-    expected = by_queue(whole)
-    assert len(expected) == 6
-    assert by_queue(got) == expected
+    stats: dict = {}
+    for a, b in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        part = spark.createDataFrame(rows[a:b], EPISODES_SCHEMA).toArrow()
+        stats = added(stats, fold_episodes(part, end_us))
+    got = sorted(tuple(stats[key].row(key).values()) for key in stats)
+    want = sorted(tuple(r) for r in expected.collect())
+    assert len(want) == 6
+    assert got == want  # floats compared exactly
