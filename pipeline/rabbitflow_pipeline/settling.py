@@ -62,6 +62,7 @@ __all__ = [
     "INTERVAL_SCHEMAS",
     "SMALL_TABLES",
     "StepState",
+    "arrow_frame",
     "empty_client",
     "fetch_small",
     "final_rows",
@@ -337,11 +338,17 @@ def value_frame(step: StepState, name: str, values: Mapping[str, int | None]) ->
     and run it cold before the JIT compiles it, at each step.  A file's
     value is not known when the query is planned, so the code stays the same.
     """
+    columns = {column: pa.array([value], pa.int64()) for column, value in values.items()}
+    schema = ", ".join(f"{column} long" for column in values)
+    return arrow_frame(step, name, pa.table(columns), schema)
+
+
+def arrow_frame(step: StepState, name: str, table: pa.Table, schema: Any) -> DataFrame:
+    """``table`` (built in the driver) as a DataFrame of ``schema``, read from a file the
+    step writes under its ``tmp`` area as ``name`` (see :func:`value_frame`)."""
     path = step.root / "tmp" / f"{name}-{step.batch:08d}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = {column: pa.array([value], pa.int64()) for column, value in values.items()}
-    pq.write_table(pa.table(columns), path)
-    schema = ", ".join(f"{column} long" for column in values)
+    pq.write_table(table, path)
     return step.spark.read.schema(schema).parquet(str(path))
 
 

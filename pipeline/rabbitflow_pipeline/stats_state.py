@@ -35,7 +35,7 @@ from pyspark.sql import types as T
 from rabbitflow_pipeline import outputs
 from rabbitflow_pipeline.episodes import queue_episode_stats
 from rabbitflow_pipeline.schemas import EPISODES_SCHEMA
-from rabbitflow_pipeline.settling import StepState
+from rabbitflow_pipeline.settling import StepState, arrow_frame
 
 __all__ = [
     "STATS_AREA",
@@ -225,11 +225,8 @@ def running_queue_stats(step: StepState, window_end_us: int | None) -> DataFrame
         stored = added(stored, fold_episodes(settled, window_end_us))
         step.stats = f"{STATS_AREA}/v{step.batch:08d}"
         outputs.write_arrow(_state_table(stored), step.root / step.stats, _STATS_FILE)
-    current = added(stored, fold_episodes(provisional, window_end_us))
-    path = step.root / "tmp" / f"queue-stats-{step.batch:08d}.parquet"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(stats_table(current, step.spark), path)
-    return step.spark.read.schema(_stats_schema(step.spark)).parquet(str(path))
+    current = stats_table(added(stored, fold_episodes(provisional, window_end_us)), step.spark)
+    return arrow_frame(step, "queue-stats", current, _stats_schema(step.spark))
 
 
 _LATEST_FIELDS = ("start", "a", "b")
