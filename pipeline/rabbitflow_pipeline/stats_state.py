@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -67,6 +69,7 @@ _COLUMNS = (
 )
 
 Key = tuple[str | None, str | None]
+Values = npt.NDArray[np.float64]
 #: A threshold struct as Spark compares it: the start, then each field (null first).
 Latest = tuple[int, int | None, int | None]
 
@@ -90,13 +93,13 @@ class QueueStats:
     #: Null while no episode had a time overfull (no window).
     overfull_us: int | None = None
     open: int = 0
-    durations: list[float] = field(default_factory=list)
-    drain_rates: list[float] = field(default_factory=list)
+    durations: Values = field(default_factory=lambda: _EMPTY)
+    drain_rates: Values = field(default_factory=lambda: _EMPTY)
     latest: Latest | None = None
     latest_closed: Latest | None = None
 
     def plus(self, other: QueueStats) -> QueueStats:
-        """Both together (sorted lists merged: ``sorted`` takes two sorted runs in linear time)."""
+        """Both together (the sorted values merged: a stable sort of two sorted runs)."""
         overfull = self.overfull_us
         if other.overfull_us is not None:
             overfull = other.overfull_us + (overfull or 0)
@@ -104,8 +107,8 @@ class QueueStats:
             self.count + other.count,
             overfull,
             self.open + other.open,
-            sorted(self.durations + other.durations),
-            sorted(self.drain_rates + other.drain_rates),
+            _merged(self.durations, other.durations),
+            _merged(self.drain_rates, other.drain_rates),
             _later(self.latest, other.latest),
             _later(self.latest_closed, other.latest_closed),
         )
@@ -122,7 +125,7 @@ class QueueStats:
             "open_episodes": self.open,
             "duration_p50_s": _percentile(self.durations, 0.5),
             "duration_p95_s": _percentile(self.durations, 0.95),
-            "duration_max_s": self.durations[-1] if self.durations else None,
+            "duration_max_s": float(self.durations[-1]) if len(self.durations) else None,
             "stop_count": latest[1],
             "stop_size": latest[2],
             "resume_count": closed[1],
@@ -131,14 +134,21 @@ class QueueStats:
         }
 
 
-def _percentile(values: list[float], percentage: float) -> float | None:
+_EMPTY: Values = np.empty(0, np.float64)
+
+
+def _merged(a: Values, b: Values) -> Values:
+    return a if not len(b) else b if not len(a) else np.sort(np.concatenate([a, b]), kind="stable")
+
+
+def _percentile(values: Values, percentage: float) -> float | None:
     """:func:`~rabbitflow_pipeline.episodes.sorted_percentile`, the same operations in
-    the same order (so the same double)."""
-    if not values:
+    the same order on Python floats (so the same double)."""
+    if not len(values):
         return None
     position = float(len(values) - 1) * percentage
     lower, higher = math.floor(position), math.ceil(position)
-    low, high = values[lower], values[higher]
+    low, high = float(values[lower]), float(values[higher])
     if higher == lower or low == high:
         return low
     return low + (position - lower) * (high - low)
@@ -149,24 +159,27 @@ def fold_episodes(episodes: pa.Table, window_end_us: int | None) -> dict[Key, Qu
     an open episode is overfull up to ``window_end_us``."""
     columns = {name: _values(episodes, name) for name in _COLUMNS}
     stats: dict[Key, QueueStats] = {}
+    values: dict[Key, tuple[list[float], list[float]]] = {}
     for row in zip(*columns.values(), strict=True):
         (vhost, queue, start, end, duration, is_open, start_m, end_m, *thresholds) = row
         q = stats.setdefault((vhost, queue), QueueStats())
+        durations, drain_rates = values.setdefault((vhost, queue), ([], []))
         q.count += 1
         until = end if end is not None else window_end_us
         if until is not None:
             q.overfull_us = (q.overfull_us or 0) + until - start
         q.open += 1 if is_open else 0
         if duration is not None:
-            q.durations.append(duration)
+            durations.append(duration)
             if duration > 0 and start_m is not None and end_m is not None and start_m >= end_m:
-                q.drain_rates.append((start_m - end_m) / duration)
+                drain_rates.append((start_m - end_m) / duration)
         q.latest = _later(q.latest, (start, thresholds[0], thresholds[1]))
         if is_open is False:
             q.latest_closed = _later(q.latest_closed, (start, thresholds[2], thresholds[3]))
-    for q in stats.values():
-        q.durations.sort()
-        q.drain_rates.sort()
+    for key, q in stats.items():
+        durations, drain_rates = values[key]
+        q.durations = np.sort(np.array(durations, np.float64))
+        q.drain_rates = np.sort(np.array(drain_rates, np.float64))
     return stats
 
 
@@ -246,8 +259,8 @@ def _state_table(stats: Mapping[Key, QueueStats]) -> pa.Table:
         "count": pa.array([s.count for s in values], pa.int64()),
         "overfull_us": pa.array([s.overfull_us for s in values], pa.int64()),
         "open": pa.array([s.open for s in values], pa.int64()),
-        "durations": pa.array([s.durations for s in values], pa.list_(pa.float64())),
-        "drain_rates": pa.array([s.drain_rates for s in values], pa.list_(pa.float64())),
+        "durations": _list_array([s.durations for s in values]),
+        "drain_rates": _list_array([s.drain_rates for s in values]),
     }
     for name in ("latest", "latest_closed"):
         for index, part in enumerate(_LATEST_FIELDS):
@@ -255,8 +268,26 @@ def _state_table(stats: Mapping[Key, QueueStats]) -> pa.Table:
     return pa.table(columns)
 
 
+def _list_array(arrays: list[Values]) -> pa.Array:
+    """Arrays of doubles as one Arrow list column (no Python float per value)."""
+    offsets = np.zeros(len(arrays) + 1, np.int32)
+    np.cumsum([len(a) for a in arrays], out=offsets[1:])
+    flat = np.concatenate(arrays) if arrays else _EMPTY
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.float64()))
+
+
+def _arrays(column: pa.ChunkedArray) -> list[Values]:
+    """An Arrow list column of doubles as one array per row (views of its values)."""
+    lists = column.combine_chunks()
+    offsets = lists.offsets.to_numpy()
+    flat = lists.values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(lists))]
+
+
 def _from_state_table(table: pa.Table) -> dict[Key, QueueStats]:
-    c = {name: table.column(name).to_pylist() for name in table.column_names}
+    lists = ("durations", "drain_rates")
+    c = {name: table.column(name).to_pylist() for name in table.column_names if name not in lists}
+    durations, drain_rates = (_arrays(table.column(name)) for name in lists)
 
     def latest(name: str, i: int) -> Latest | None:
         start = c[f"{name}_start"][i]
@@ -267,8 +298,8 @@ def _from_state_table(table: pa.Table) -> dict[Key, QueueStats]:
             c["count"][i],
             c["overfull_us"][i],
             c["open"][i],
-            c["durations"][i],
-            c["drain_rates"][i],
+            durations[i],
+            drain_rates[i],
             latest("latest", i),
             latest("latest_closed", i),
         )
