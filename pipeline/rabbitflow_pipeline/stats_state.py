@@ -20,9 +20,8 @@ episodes are then read once, and the state starts from them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -315,7 +314,7 @@ def _stored(step: StepState) -> dict[Key, QueueStats]:
     settled = [f for f in step.cp.tables.get("episodes", ()) if f.startswith("b")]
     if not settled:
         return {}
-    paths: Iterable[Path] = (step.out / "episodes" / f for f in settled)
-    episodes = outputs.read_arrow(list(paths)).select(list(_COLUMNS))
+    paths = [step.out / "episodes" / f for f in settled]
+    episodes = outputs.read_arrow(paths).select(list(_COLUMNS))
     # Settled episodes are closed: the window does not enter their time overfull.
     return fold_episodes(episodes, None)
