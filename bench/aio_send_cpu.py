@@ -5,7 +5,9 @@ No network, no RabbitMQ, no I/O thread (the sync transport's posted work
 runs inline): what is left is the SDK's bookkeeping per message (checks,
 headers, the window, the publish step, the confirm), so two source trees
 can be compared on a shared, noisy machine far more tightly than through a
-broker.  256-byte bytes messages, capacity 100.
+broker.  256-byte bytes messages, capacity 100 (``--capacity``: with
+5,000, the sends never wait, and rabbitflow.aio's yields to the loop and
+bounded publish steps are what is measured).
 
 Each run is its own process; with ``--baseline-src TREE`` every round runs
 the baseline tree's SDK and this tree's, alternating, and the summary gives
@@ -117,13 +119,13 @@ class _AioTransport:
         self.closing = True
 
 
-def _sync_run(sends: int) -> float:
+def _sync_run(sends: int, capacity: int) -> float:
     import rabbitflow
 
     factory = rabbitflow.ConnectionFactory("amqp://fake/", _transport_factory=_SyncTransport)  # type: ignore[arg-type]
     connection = factory.create_connection()
     session = connection.create_session()
-    producer = session.create_producer(session.create_queue("q"), capacity=100)
+    producer = session.create_producer(session.create_queue("q"), capacity=capacity)
     messages = [session.create_bytes_message(_BODY) for _ in range(sends)]
     start = time.process_time()
     for message in messages:
@@ -133,13 +135,13 @@ def _sync_run(sends: int) -> float:
     return cpu / sends * 1e6
 
 
-async def _aio_run(sends: int) -> float:
+async def _aio_run(sends: int, capacity: int) -> float:
     from rabbitflow import aio
 
     factory = aio.ConnectionFactory("amqp://fake/", _transport_factory=_AioTransport)  # type: ignore[arg-type]
     connection = await factory.create_connection()
     session = connection.create_session()
-    producer = await session.create_producer(await session.create_queue("q"), capacity=100)
+    producer = await session.create_producer(await session.create_queue("q"), capacity=capacity)
     messages = [session.create_bytes_message(_BODY) for _ in range(sends)]
     start = time.process_time()
     for message in messages:
@@ -151,20 +153,20 @@ async def _aio_run(sends: int) -> float:
     return cpu / sends * 1e6
 
 
-def _child(sends: int) -> int:
-    result = {"sync": _sync_run(sends), "aio": asyncio.run(_aio_run(sends))}
+def _child(sends: int, capacity: int) -> int:
+    result = {"sync": _sync_run(sends, capacity), "aio": asyncio.run(_aio_run(sends, capacity))}
     print(json.dumps(result))
     return 0
 
 
-def _run(sends: int, src: str | None) -> dict[str, float]:
+def _run(sends: int, capacity: int, src: str | None) -> dict[str, float]:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(Path(src) / "client"), *filter(None, [env.get("PYTHONPATH")])]
         )
     done = subprocess.run(
-        [sys.executable, __file__, "--child", str(sends)],
+        [sys.executable, __file__, "--child", str(sends), str(capacity)],
         capture_output=True,
         text=True,
         check=True,
@@ -178,10 +180,13 @@ def _run(sends: int, src: str | None) -> dict[str, float]:
 def main() -> int:
     """Parse arguments, run the rounds, print the table and medians."""
     if sys.argv[1:2] == ["--child"]:
-        return _child(int(sys.argv[2]))
+        return _child(int(sys.argv[2]), int(sys.argv[3]))
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--sends", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--capacity", type=int, default=100, help="the producers' window (5000: sends never wait)"
+    )
     parser.add_argument("--baseline-src", help="a source tree to compare against")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()[0]:.2f}")
@@ -192,7 +197,7 @@ def main() -> int:
     for rnd in range(args.rounds):
         order = trees if rnd % 2 == 0 else list(reversed(trees))
         for name, src in order:
-            got = _run(args.sends, src)
+            got = _run(args.sends, args.capacity, src)
             for driver, value in got.items():
                 results[name][driver].append(value)
             print(

@@ -51,8 +51,8 @@ _ids = itertools.count(1)
 # suspend is no await at all to asyncio, so a task whose sends never have to
 # wait would keep the loop: it yields once every _YIELD_EVERY such sends.
 # One pump publishes at most _PUMP_BATCH messages before it lets the loop run.
-_YIELD_EVERY = 128
-_PUMP_BATCH = 256
+_YIELD_EVERY = 64
+_PUMP_BATCH = 128
 # Sends blocked together reach their "delayed" warning (and their timeout)
 # together: at most _LOGS_PER_TURN of them log in one loop turn, the others
 # in the next turns (a log line can cost a millisecond, and a hundred of
