@@ -55,7 +55,7 @@ import pika.exceptions
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import DEFAULT_URL, queue_depth, scratch_queue
+from bench._common import DEFAULT_URL, load_average, queue_depth, scratch_queue
 from bench._gateway_common import (
     BenchError,
     GatewayProcess,
@@ -68,7 +68,6 @@ from bench.gateway_overhead import (
     WORKLOADS,
     Result,
     Workload,
-    _loadavg,
     _record,
     standard_workloads,
 )
@@ -352,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"RabbitMQ beam.smp pid {broker}; {n:,} messages per workload, {args.rounds} rounds, "
-            f"median kept; load average at the start: {_loadavg()}"
+            f"median kept; load average at the start: {load_average()}"
         )
 
         workloads = standard_workloads(args.url, n, latency_n)
@@ -381,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append((result, control))
             splits.append(split)
 
-    print(f"load average at the end: {_loadavg()}")
+    print(f"load average at the end: {load_average()}")
     ok = print_summary(results)
     print_split(results, splits, idle_cpu)
     print()

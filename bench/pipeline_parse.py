@@ -20,6 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from bench.pipeline_throughput import _jvm_cpu, _read_through, _side
 from rabbitflow_pipeline import inputs
 from rabbitflow_pipeline.inputs import classify_events
