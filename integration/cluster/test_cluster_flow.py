@@ -243,6 +243,12 @@ def test_owner_killed_bound_holds_and_producers_resume_within_lease(
     _assert_bound(watcher, producers, members)
     drained = _bound(producers, members) - RESUME + len(producers) * RESUME_CONFIRMS
     budget = LEASE_MS / 1000 + drained * pace + 1.5
+    lease_s = LEASE_MS / 1000
+    # Shown with -s.
+    print(
+        f"owner killed: resumed after {resumed_after:.2f} s, "
+        f"budget {budget:.2f} s, lease {lease_s:g} s"
+    )
     assert resumed_after <= budget, (
         f"resumed {resumed_after:.2f} s after the kill, budget {budget:.2f} s "
         f"(the consumer took {pace * 1000:.1f} ms a message)"
