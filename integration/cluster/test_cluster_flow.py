@@ -154,6 +154,7 @@ def _assert_bound(watcher: DepthWatcher, producers: list[Any], members: list[Mem
     """The peak depth RabbitMQ had, within stop + sum(c) + M x batch."""
     peak = watcher.finish()
     bound = _bound(producers, members)
+    print(f"peak depth {peak}, bound {bound}")  # shown with -s
     assert peak <= bound, f"peak depth {peak} over stop + sum(c) + M x batch = {bound}"
     return peak
 
