@@ -327,7 +327,7 @@ async def test_the_loop_stays_responsive_with_tasks_blocked_and_tasks_publishing
         state = (
             f"{label}: {len(lags)} ticks, loop lag median {statistics.median(lags) * 1000:.1f} ms, "
             f"max {max(lags) * 1000:.1f} ms; the loop's own part max {max(own) * 1000:.1f} ms "
-            f"(its thread on a CPU {ticked.on_cpu[at] * 1000:.1f} ms of it), "
+            f"(its thread on a CPU {ticked.on_cpu[at] * 1000:.1f} ms of that tick), "
             f"second {sorted(own)[-2] * 1000:.1f} ms"
         )
         # Each tick's own part is the loop's work (callbacks, garbage
