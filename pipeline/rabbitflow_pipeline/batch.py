@@ -29,6 +29,7 @@ from rabbitflow_pipeline.pairing import (
     KeyHash,
     finish_intervals,
     pair_candidates,
+    resolve_runs,
 )
 from rabbitflow_pipeline.plan import (
     AGGREGATE_STEPS,
@@ -182,7 +183,9 @@ def _parse_and_pair(
         # Two keys share a hash (astronomically rare with 64 bits): pair
         # again with the key columns in the partition spec.
         candidates = run.keep(pair_candidates(classified, key_hash=key_hash)).result()
-    run.give("intervals", finish_intervals(candidates))
+    # The intervals are the candidates plus the few resolved runs of
+    # repeated opens: kept apart, so the candidates are not copied again.
+    run.give("intervals", finish_intervals(candidates, run.keep(resolve_runs(candidates)).result()))
     return counts
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "finish_intervals",
     "flow_intervals",
     "pair_candidates",
+    "resolve_runs",
     "seconds_between",
 ]
 
@@ -204,10 +205,15 @@ def flow_intervals(
     closing event with nothing open is ignored.
 
     This is :func:`finish_intervals` of :func:`pair_candidates` (see both
-    for how, and for ``collisions`` and ``key_hash``); the job runs the two
-    steps itself so that it computes the one window pass once.
+    for how, and for ``collisions`` and ``key_hash``), with the window
+    pass's candidates kept (a local checkpoint, computed here) as the job
+    keeps them.  :func:`finish_intervals` reads the candidates eight times
+    (the runs and the connection closes): unkept, each reading would carry
+    the whole parse and window plan, a plan ten times the size to analyse,
+    optimise and compile, seconds even for a few rows.
     """
-    return finish_intervals(pair_candidates(parsed, collisions=collisions, key_hash=key_hash))
+    candidates = pair_candidates(parsed, collisions=collisions, key_hash=key_hash)
+    return finish_intervals(candidates.localCheckpoint(eager=True))
 
 
 def pair_candidates(
@@ -227,7 +233,7 @@ def pair_candidates(
     stays open when there is none).  A run of repeated opening events is
     the one case the neighbours do not settle: its first event is kept as a
     run start and its last one (whose successor is the run's end) as a run
-    end, and :func:`finish_intervals` joins the two.  Rows are narrowed
+    end, and :func:`resolve_runs` joins the two.  Rows are narrowed
     before the shuffle: codes travel as numbers, and columns only the other
     end of an interval uses are nulled.
 
@@ -395,40 +401,38 @@ def _candidates(marked: DataFrame, partition: Sequence[str]) -> DataFrame:
     )
 
 
-def _with_run_ends(candidates: DataFrame) -> DataFrame:
-    """The candidates but the run ends, each run start with its run's end.
+def resolve_runs(candidates: DataFrame) -> DataFrame:
+    """The run starts of :func:`pair_candidates` output, each with its run's end.
 
-    A run start takes the end its run's last opening event saw.  That event
-    is the next candidate of the run start's key: the opening events
-    between them are not candidates, and no other key's event shares their
-    window partition (with ``collisions``, short of a clash the caller pairs
-    again for).  So it is one ``lead`` over the candidates in the pairing's
-    own partitioning and order, which Spark can take from the window pass
-    without a shuffle or a sort.
+    Each run start takes the end its run's last opening event saw: the next
+    run end of its key, found by a window over the run rows alone (few: a
+    run of repeated opens follows a gateway restart or a lost close).
+    Returns rows of the candidates' columns.
     """
-    partition = sorted(
-        (c for c in candidates.columns if c.startswith("_p")), key=lambda c: int(c[2:])
-    )
+    partition = sorted(c for c in candidates.columns if c.startswith("_p"))
     window = Window.partitionBy(*partition).orderBy("start", "_seq")
-    run_start = F.col("_run") == F.lit(_RUN_START)
-    following = F.lead(F.struct(*(F.col(c) for c in _END_COLUMNS))).over(window)
-    return candidates.select(
+    runs = candidates.where(F.col("_run") != F.lit(_SINGLE))
+    return runs.select(
         *(c for c in candidates.columns if c not in _END_COLUMNS),
-        *(F.when(run_start, following[c]).otherwise(F.col(c)).alias(c) for c in _END_COLUMNS),
-    ).where(F.col("_run") != F.lit(_RUN_END))
+        *(F.lead(name).over(window).alias(name) for name in _END_COLUMNS),
+    ).where(F.col("_run") == F.lit(_RUN_START))
 
 
-def finish_intervals(candidates: DataFrame, *, keep_seq: bool = False) -> DataFrame:
+def finish_intervals(
+    candidates: DataFrame, resolved: DataFrame | None = None, *, keep_seq: bool = False
+) -> DataFrame:
     """The intervals (one row per interval and per malformed line) from :func:`pair_candidates`.
 
-    The candidates are read once: each run of repeated opens is resolved
-    (:func:`_with_run_ends`), then each channel block is ended at its
-    connection's close (:func:`_close_with_connections`), each by one
-    window.  With ``keep_seq`` each row also carries ``start_seq``, the
-    ``seq`` of the event that opened it (the incremental job keeps the
-    opening event of an interval still open).
+    ``resolved`` is :func:`resolve_runs` of the same candidates, when the
+    caller computed it already (the job keeps it, being small); otherwise
+    it is computed here.  With ``keep_seq`` each row also carries
+    ``start_seq``, the ``seq`` of the event that opened it (the incremental
+    job keeps the opening event of an interval still open).
     """
-    rows = _close_with_connections(_with_run_ends(candidates))
+    runs = resolve_runs(candidates) if resolved is None else resolved
+    rows = _close_with_connections(
+        candidates.where(F.col("_run") == F.lit(_SINGLE)).unionByName(runs)
+    )
     return rows.select(
         "kind",
         "vhost",
@@ -464,36 +468,40 @@ def _close_with_connections(rows: DataFrame) -> DataFrame:
 
     ``rows`` are interval candidates with their ends; the CON-1002 rows
     (kind ``connection``) are consumed here.  "After" is in (``ts``,
-    ``seq``) order, as everywhere in the pairing.  One window over the
-    rows, each connection's blocks and closes in one partition, latest
-    first: the last close seen before a block is the first one after it.
-    Every other row is a partition of its own (keyed by its negative
-    ``seq``, which no connection number equals), so the rows are read once.
+    ``seq``) order, as everywhere in the pairing.
     """
     kind = F.col("kind")
-    of_connection = kind.isin("channel", "connection")
-    group = F.when(of_connection, F.col("connection")).otherwise(F.lit(-1) - F.col("_seq"))
-    later_first = (
-        Window.partitionBy(F.col("source"), group)
-        .orderBy(F.col("start").desc(), F.col("_seq").desc())
-        .rowsBetween(Window.unboundedPreceding, -1)
+    closes = rows.where(kind == F.lit("connection")).select(
+        F.col("source").alias("_c_source"),
+        F.col("connection").alias("_c_connection"),
+        F.col("start").alias("_c_ts"),
+        F.col("_seq").alias("_c_seq"),
     )
-    first_close = F.last(F.when(kind == F.lit("connection"), F.col("start")), ignorenulls=True)
-    closes = first_close.over(later_first)
-    by_connection = (
-        (kind == F.lit("channel"))
-        & closes.isNotNull()
-        & (F.col("end").isNull() | (closes < F.col("end")))
+    blocks = rows.where(kind == F.lit("channel"))
+    after = (F.col("_c_ts") > F.col("start")) | (
+        (F.col("_c_ts") == F.col("start")) & (F.col("_c_seq") > F.col("_seq"))
+    )
+    first_close = (
+        blocks.select("_seq", "source", "connection", "start")
+        .join(
+            closes,
+            (F.col("source") == F.col("_c_source"))
+            & (F.col("connection") == F.col("_c_connection"))
+            & after,
+        )
+        .groupBy("_seq")
+        .agg(F.min("_c_ts").alias("_c_ts"))
+    )
+    closed = blocks.join(first_close, "_seq", "left")
+    by_connection = F.col("_c_ts").isNotNull() & (
+        F.col("end").isNull() | (F.col("_c_ts") < F.col("end"))
     )
     connection_code = F.lit(EVENT_CODES.index(_CONNECTION_CLOSE)).cast("tinyint")
-    ended = rows.select("*", by_connection.alias("_by_c"), closes.alias("_c_ts"))
-    return (
-        ended.where(kind != F.lit("connection"))
-        .withColumns(
-            {
-                "end": F.when(F.col("_by_c"), F.col("_c_ts")).otherwise(F.col("end")),
-                "_end_code": F.when(F.col("_by_c"), connection_code).otherwise(F.col("_end_code")),
-            }
-        )
-        .drop("_by_c", "_c_ts")
-    )
+    ended = closed.withColumns(
+        {
+            "end": F.when(by_connection, F.col("_c_ts")).otherwise(F.col("end")),
+            "_end_code": F.when(by_connection, connection_code).otherwise(F.col("_end_code")),
+        }
+    ).drop("_c_ts")
+    others = rows.where(~kind.isin("channel", "connection"))
+    return others.unionByName(ended)

@@ -20,6 +20,7 @@ from rabbitflow_pipeline.pairing import (
     finish_intervals,
     flow_intervals,
     pair_candidates,
+    resolve_runs,
 )
 from rabbitflow_pipeline.schemas import ALL_QUEUES, EPISODES_SCHEMA
 from rabbitflow_pipeline.summary import queue_summary
@@ -176,14 +177,15 @@ def test_time_overfull_is_summed_exactly(spark: SparkSession) -> None:
     assert summary.select("time_overfull_s").collect()[0][0] == 0.3
 
 
-def test_intervals_from_kept_candidates_are_those_of_the_whole_pairing(
-    spark: SparkSession,
-) -> None:
+def test_runs_resolved_apart_give_the_same_intervals(spark: SparkSession) -> None:
     candidates = pair_candidates(mixed_log(spark), collisions=Observation("keys"))
     kept = candidates.localCheckpoint(eager=True)
+    resolved = resolve_runs(kept).localCheckpoint(eager=True)
     # Two runs of repeated opens: queue a at 2, 4, 6 and at 14, 15.
-    assert kept.where(F.col("_run") != 0).count() == 4
-    assert sorted_rows(finish_intervals(kept)) == sorted_rows(flow_intervals(mixed_log(spark)))
+    assert resolved.count() == 2
+    assert sorted_rows(finish_intervals(kept, resolved)) == sorted_rows(
+        flow_intervals(mixed_log(spark))
+    )
 
 
 def member(event_line: str, gateway: str) -> str:
