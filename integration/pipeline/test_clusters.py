@@ -7,14 +7,13 @@ and shared by its tests, then stopped.  Each job runs in a process of its
 own as an operator runs it: the ``rabbitflow-analyze`` entry point with
 its usual arguments, as a batch and (through Spark Connect) once more
 ``--incremental``, in one driver (see ``_cluster_job.py``).  The tables are compared with
-pyarrow, so the module needs no Spark session of its own and runs in
-parallel with the Spark tests (its own test group).
+pyarrow (``tests/pipeline/tables.py``), so the module needs no Spark session of its own
+and runs in parallel with the Spark tests (its own test group).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import socket
@@ -25,14 +24,12 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pyspark
 import pytest
 
-from rabbitflow_pipeline.batch import TABLES
 from rabbitflow_pipeline.generate import generate
+from tests.pipeline.tables import assert_same_tables
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -252,29 +249,6 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
     finally:
         for server in reversed(servers):
             server.stop()
-
-
-def rows(path: Path) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """A table's column names and its rows, sorted (nulls first)."""
-    table = pq.read_table(path)
-    records = [tuple(r.values()) for r in table.to_pylist()]
-    return table.column_names, sorted(records, key=lambda r: [(v is not None, str(v)) for v in r])
-
-
-def same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-8)
-    return bool(a == b)
-
-
-def assert_same_tables(actual: Path, expected: Path) -> None:
-    for table in TABLES:
-        columns, got = rows(actual / table)
-        expected_columns, want = rows(expected / table)
-        assert columns == expected_columns, table
-        assert len(got) == len(want), table
-        for a, b in zip(got, want, strict=True):
-            assert all(same(x, y) for x, y in zip(a, b, strict=True)), (table, a, b)
 
 
 def check(clusters: Clusters, where: list[str], name: str, *, incremental: bool) -> None:

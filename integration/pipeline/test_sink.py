@@ -22,8 +22,14 @@ from rabbitflow_pipeline.sink import ROW_ID_HEADER
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROWS = 40_000
+#: Rows each test publishes (from 4 partitions, each publishing on a connection of its own).
+ROWS = 12_000
 PARTITIONS = 4
+#: The deliberately slow consumer's rate in the flow-controlled test: far
+#: below the job's publish rate on any machine here, so the queue passes its
+#: flow-stop of 2,000 within about two seconds and is held there for the rest
+#: of the run (about 12 s).
+SLOW_CONSUMER_PER_S = 1000
 
 
 class Collector(threading.Thread):
@@ -128,7 +134,7 @@ def test_flow_controlled_queue_throttles_the_job_within_its_bound(
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    collector = Collector(gateway.url, queue, ROWS, per_second=2000)
+    collector = Collector(gateway.url, queue, ROWS, per_second=SLOW_CONSUMER_PER_S)
     collector.start()
 
     publish_dataframe(rows(spark), queue, url=gateway.url, capacity=capacity, id_column="id")

@@ -8,16 +8,16 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.testing import assertDataFrameEqual
 
 from rabbitflow_broker.events import Event
 from rabbitflow_pipeline import incremental
-from rabbitflow_pipeline.batch import TABLES, analyze
+from rabbitflow_pipeline.batch import analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import (
     STATE_DIR,
@@ -28,6 +28,7 @@ from rabbitflow_pipeline.incremental import (
 )
 
 from .logs import at, line, over, under
+from .tables import assert_same_tables
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -95,13 +96,6 @@ def append(path: Path, lines: list[str], *, partial: str = "") -> None:
         handle.write("".join(f"{text}\n" for text in lines) + partial)
 
 
-def assert_same_tables(spark: SparkSession, actual: Path, expected: Path) -> None:
-    for table in TABLES:
-        assertDataFrameEqual(
-            spark.read.parquet(str(actual / table)), spark.read.parquet(str(expected / table))
-        )
-
-
 def test_incremental_steps_end_in_the_batch_tables(
     spark: SparkSession,
     tmp_path: Path,
@@ -158,7 +152,7 @@ def test_incremental_steps_end_in_the_batch_tables(
 
     batch = tmp_path / "batch"
     analyze(spark, events, batch, client_paths=clients)
-    assert_same_tables(spark, out, batch)
+    assert_same_tables(out, batch)
     # Every input line was counted exactly once.
     totals = load_checkpoint(out)
     assert totals.lines == len(gw0) + len(gw1) + len(BROKER_J)
@@ -259,7 +253,7 @@ def test_two_members_logging_one_transition_make_one_episode(
     assert [(r["start"], r["end"]) for r in episodes] == utc
     batch = tmp_path / "batch"
     analyze(spark, inputs, batch)
-    assert_same_tables(spark, out, batch)
+    assert_same_tables(out, batch)
 
 
 def test_a_duplicate_transition_read_steps_later_is_dropped(
@@ -289,26 +283,78 @@ def test_a_duplicate_transition_read_steps_later_is_dropped(
     ]
     batch = tmp_path / "batch"
     analyze(spark, inputs, batch)
-    assert_same_tables(spark, out, batch)
+    assert_same_tables(out, batch)
+
+
+@dataclass(frozen=True)
+class QuarterSteps:
+    """One gateway's log read in four steps, as three tests below look at it."""
+
+    out: Path
+    #: The batch job's tables for the same log.
+    batch: Path
+    #: Classes Spark compiled during each step.
+    compiled: list[int]
+    #: The statistics the third step named, and whether they were on disk then.
+    rebuilt_stats: str | None
+    rebuilt_on_disk: bool
+
+
+@pytest.fixture(scope="module")
+def quarter_steps(
+    spark: SparkSession,
+    tmp_path_factory: pytest.TempPathFactory,
+    generated: tuple[list[list[str]], list[str]],
+) -> QuarterSteps:
+    """``gw0`` appended a quarter at a time, a step after each quarter (no lateness).
+
+    Settled files are compacted past two per table (so the third step
+    compacts); after the second step the checkpoint is made one from before
+    the per-queue statistics were kept (none named, none on disk); Spark's
+    compilation counter is read around each step.  One scenario for three
+    tests: each step costs seconds of Spark jobs.
+    """
+    (gw0, _gw1), _client = generated
+    tmp = tmp_path_factory.mktemp("quarters")
+    live = tmp / "gw0.jsonl"
+    out = tmp / "incremental"
+    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
+    compiled: list[int] = []
+    rebuilt: tuple[str | None, bool] = (None, False)
+    quarter = len(gw0) // 4
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(incremental, "_COMPACT_AFTER", 2)
+        for index in range(4):
+            append(live, gw0[index * quarter : (index + 1) * quarter if index < 3 else None])
+            before = int(codegen.METRIC_COMPILATION_TIME().getCount())
+            run_step(spark, [str(live)], out, lateness_s=0)
+            compiled.append(int(codegen.METRIC_COMPILATION_TIME().getCount()) - before)
+            if index == 1:
+                _forget_stats(out)
+            if index == 2:
+                stats = load_checkpoint(out).stats
+                rebuilt = (stats, stats is not None and (out / STATE_DIR / stats).is_dir())
+    batch = tmp / "batch"
+    analyze(spark, [str(live)], batch)
+    return QuarterSteps(out, batch, compiled, *rebuilt)
+
+
+def _forget_stats(out: Path) -> None:
+    """Make the checkpoint one written before the per-queue statistics were kept."""
+    commit_file = out / STATE_DIR / "commit.json"
+    doc = json.loads(commit_file.read_text())
+    assert doc["stats"] is not None
+    del doc["stats"]
+    commit_file.write_text(json.dumps(doc))
+    shutil.rmtree(out / STATE_DIR / "stats")
 
 
 def test_settled_step_files_are_compacted_and_the_tables_stay_those_of_the_batch_job(
-    spark: SparkSession,
-    tmp_path: Path,
-    generated: tuple[list[list[str]], list[str]],
-    monkeypatch: pytest.MonkeyPatch,
+    quarter_steps: QuarterSteps,
 ) -> None:
     """Past ``_COMPACT_AFTER`` settled files a table's are rewritten into one;
     the checkpoint names the compacted file and the originals are gone."""
-    monkeypatch.setattr(incremental, "_COMPACT_AFTER", 2)
-    (gw0, _gw1), _client = generated
-    live = tmp_path / "gw0.jsonl"
-    out = tmp_path / "incremental"
-    quarter = len(gw0) // 4
-    for index in range(4):
-        append(live, gw0[index * quarter : (index + 1) * quarter if index < 3 else None])
-        run_step(spark, [str(live)], out, lateness_s=0)
-
+    out = quarter_steps.out
     tables = load_checkpoint(out).tables
     compacted = [f for f in tables["episodes"] if "c-" in f]
     assert compacted, tables["episodes"]
@@ -317,47 +363,24 @@ def test_settled_step_files_are_compacted_and_the_tables_stay_those_of_the_batch
     for table in ("episodes", "channel_blocks", "store_episodes"):
         on_disk = {p.name for p in (out / table).glob("*.parquet")}
         assert on_disk == set(tables[table]), (table, on_disk, tables[table])
-    batch = tmp_path / "batch"
-    analyze(spark, [str(live)], batch)
-    assert_same_tables(spark, out, batch)
+    assert_same_tables(out, quarter_steps.batch)
 
 
 def test_a_checkpoint_without_stored_statistics_starts_them_from_its_episodes(
-    spark: SparkSession,
-    tmp_path: Path,
-    generated: tuple[list[list[str]], list[str]],
+    quarter_steps: QuarterSteps,
 ) -> None:
     """A checkpoint written before the per-queue statistics were kept (none named,
     none on disk): the next step builds them from the stored episodes once, and
     the summary and advice are still the batch job's."""
-    (gw0, _gw1), _client = generated
-    live = tmp_path / "gw0.jsonl"
-    out = tmp_path / "incremental"
-    half = len(gw0) // 2
-    append(live, gw0[:half])
-    run_step(spark, [str(live)], out, lateness_s=0)
-    commit_file = out / STATE_DIR / "commit.json"
-    doc = json.loads(commit_file.read_text())
-    assert doc["stats"] is not None
-    del doc["stats"]
-    commit_file.write_text(json.dumps(doc))
-    shutil.rmtree(out / STATE_DIR / "stats")
-
-    append(live, gw0[half:])
-    run_step(spark, [str(live)], out, lateness_s=0)
-    stats = load_checkpoint(out).stats
+    assert quarter_steps.rebuilt_stats is not None
+    assert quarter_steps.rebuilt_on_disk
+    stats = load_checkpoint(quarter_steps.out).stats
     assert stats is not None
-    assert (out / STATE_DIR / stats).is_dir()
-    batch = tmp_path / "batch"
-    analyze(spark, [str(live)], batch)
-    assert_same_tables(spark, out, batch)
+    assert (quarter_steps.out / STATE_DIR / stats).is_dir()
+    assert_same_tables(quarter_steps.out, quarter_steps.batch)
 
 
-def test_a_warm_step_compiles_no_new_code(
-    spark: SparkSession,
-    tmp_path: Path,
-    generated: tuple[list[list[str]], list[str]],
-) -> None:
+def test_a_warm_step_compiles_no_new_code(spark: SparkSession, quarter_steps: QuarterSteps) -> None:
     """Steps over more of the same input run the code the earlier steps generated.
 
     A value new at each step (the frontier, the observed window) folded into
@@ -365,24 +388,11 @@ def test_a_warm_step_compiles_no_new_code(
     at every step, then run them cold until the JVM's JIT compiles them
     again: counted here, not timed, by Spark's own compilation counter.
     """
-    (gw0, gw1), _client = generated
-    live = tmp_path / "live"
-    live.mkdir()
-    out = tmp_path / "incremental"
-    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
-    compiled: list[int] = []
-    slices = 4
-    for index in range(slices):
-        for name, log in (("gw0", gw0), ("gw1", gw1)):
-            start, end = len(log) * index // slices, len(log) * (index + 1) // slices
-            append(live / f"{name}.jsonl", log[start:end])
-        before = int(codegen.METRIC_COMPILATION_TIME().getCount())
-        run_step(spark, [str(live / "*.jsonl")], out)
-        compiled.append(int(codegen.METRIC_COMPILATION_TIME().getCount()) - before)
     # The last step runs the code the earlier ones generated (in a JVM that
     # ran other tests first, the first step may already find all of it).
-    assert compiled[-1] == 0, compiled
+    assert quarter_steps.compiled[-1] == 0, quarter_steps.compiled
     # The counter counts: a literal new to this JVM is new code.
+    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
     before = int(codegen.METRIC_COMPILATION_TIME().getCount())
     fresh = time.time_ns()
     assert spark.range(3).select((F.col("id") + F.lit(fresh)).alias("v")).collect()
