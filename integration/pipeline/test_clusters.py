@@ -39,6 +39,8 @@ ANALYZE = Path(sys.executable).parent / "rabbitflow-analyze"
 ROOT = Path(__file__).resolve().parents[2]
 #: Seconds a server may take to accept connections on a loaded machine.
 READY_S = 240.0
+#: JVM option: compile with the JIT's quick tier only (no C2).
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def free_port() -> int:
@@ -66,6 +68,11 @@ def spark_env(tmp: Path) -> dict[str, str]:
             "PYSPARK_PYTHON": sys.executable,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             "TZ": "UTC",
+            # Every JVM here (servers, drivers, executors) lives a minute or
+            # two on a small input: without the JIT's optimising tier they
+            # spend a third less CPU, and took a fifth less time (measured
+            # with this module alone: 239 s -> 158 s of CPU, 125 s -> 98 s).
+            "JAVA_TOOL_OPTIONS": f"{env.get('JAVA_TOOL_OPTIONS', '')} {QUICK_JIT}".strip(),
         }
     )
     return env
