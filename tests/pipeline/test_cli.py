@@ -20,6 +20,7 @@ from rabbitflow_pipeline.cli import main
 from rabbitflow_pipeline.incremental import run_step
 from rabbitflow_pipeline.limits import QueueLimitsError, parse_queue_limits
 
+from .jvm import compiled_classes
 from .logs import at, client_line, enforced, line, over, removed, store_over, under
 
 pytestmark = pytest.mark.spark
@@ -126,14 +127,6 @@ def test_analyze_drops_the_rows_it_kept(
     assert _persisted(spark) == before
 
 
-def _compiled_classes(spark: SparkSession) -> int:
-    """Classes of generated code Spark has compiled in this JVM so far."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    metrics = getattr(jvm.org.apache.spark.metrics.source, "CodegenMetrics$").__getattr__("MODULE$")
-    return int(metrics.METRIC_COMPILATION_TIME().getCount())
-
-
 def test_analyze_again_compiles_no_code(
     spark: SparkSession, tmp_path: Path, logs: tuple[list[str], list[str]]
 ) -> None:
@@ -141,9 +134,9 @@ def test_analyze_again_compiles_no_code(
     analyze(spark, events, tmp_path / "first", client_paths=client)
     # A run generates more classes than Spark's default cache of 100 holds:
     # without the job's larger cache, this run would compile most again.
-    before = _compiled_classes(spark)
+    before = compiled_classes(spark)
     analyze(spark, events, tmp_path / "second", client_paths=client)
-    assert _compiled_classes(spark) - before == 0
+    assert compiled_classes(spark) - before == 0
 
 
 @pytest.mark.parametrize("which", ["events", "client"])

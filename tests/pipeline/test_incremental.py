@@ -27,6 +27,7 @@ from rabbitflow_pipeline.incremental import (
     run_step,
 )
 
+from .jvm import compiled_classes
 from .logs import at, line, over, under
 from .tables import assert_same_tables
 
@@ -318,7 +319,6 @@ def quarter_steps(
     tmp = tmp_path_factory.mktemp("quarters")
     live = tmp / "gw0.jsonl"
     out = tmp / "incremental"
-    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
     compiled: list[int] = []
     rebuilt: tuple[str | None, bool] = (None, False)
     quarter = len(gw0) // 4
@@ -326,9 +326,9 @@ def quarter_steps(
         patch.setattr(incremental, "_COMPACT_AFTER", 2)
         for index in range(4):
             append(live, gw0[index * quarter : (index + 1) * quarter if index < 3 else None])
-            before = int(codegen.METRIC_COMPILATION_TIME().getCount())
+            before = compiled_classes(spark)
             run_step(spark, [str(live)], out, lateness_s=0)
-            compiled.append(int(codegen.METRIC_COMPILATION_TIME().getCount()) - before)
+            compiled.append(compiled_classes(spark) - before)
             if index == 1:
                 _forget_stats(out)
             if index == 2:
@@ -392,8 +392,7 @@ def test_a_warm_step_compiles_no_new_code(spark: SparkSession, quarter_steps: Qu
     # ran other tests first, the first step may already find all of it).
     assert quarter_steps.compiled[-1] == 0, quarter_steps.compiled
     # The counter counts: a literal new to this JVM is new code.
-    codegen = spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[union-attr]
-    before = int(codegen.METRIC_COMPILATION_TIME().getCount())
+    before = compiled_classes(spark)
     fresh = time.time_ns()
     assert spark.range(3).select((F.col("id") + F.lit(fresh)).alias("v")).collect()
-    assert int(codegen.METRIC_COMPILATION_TIME().getCount()) > before
+    assert compiled_classes(spark) > before
