@@ -28,9 +28,10 @@ from a copy of the checkpoint the first step left: the first is the step's
 first run in the JVM after that big one, the later ones run it warm, as
 ``--follow`` does trigger after trigger.  The JIT goes on compiling what a
 step runs for several steps (measured at 5,000,000 events: its CPU falls
-from about 12 CPU-s in the first round to 2-3 from the seventh on), so with four rounds
-or more the median of the later half is printed as well: the step
-``--follow`` settles to.
+from about 12 CPU-s in the first round to 2-3 from the seventh on), so
+with four rounds or more the median of the later half (the lower middle
+one of an even count) is printed as well: the step ``--follow`` settles
+to.
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ def main() -> int:
             # The JIT keeps compiling what a step runs for several steps
             # after the first: the later rounds are what --follow settles to.
             late = sorted(steps[len(steps) // 2 :], key=lambda s: s[0].seconds)
-            side = late[len(late) // 2][0]
+            side = late[(len(late) - 1) // 2][0]  # the lower median
             print(
                 f"incremental step, median of rounds {len(steps) // 2 + 1}-{len(steps)}: "
                 f"{side.seconds:.1f}s, {side.seconds / full.seconds:.1%} of the full analysis "
