@@ -23,7 +23,9 @@ from the builtin exception a Python caller would catch (in brackets)::
     ├── IllegalStateError             the object is closed or in the wrong mode
     │   └── StaleMessageError         acknowledge() of a message whose channel
     │                                 was lost: the broker delivers it again
-    ├── MessageFormatError            [TypeError] a body or header of the wrong type
+    ├── MessageFormatError            [TypeError] a body or header of the wrong type,
+    │                                 or one AMQP cannot carry (a string over 255
+    │                                 bytes, an int over 64 bits); names the field
     └── InvalidPropertyError          [ValueError] a bad configuration property
                                       or argument; names the item
 """
@@ -113,7 +115,9 @@ class StaleMessageError(IllegalStateError):
 
 
 class MessageFormatError(JMSException, TypeError):
-    """A message body or header has the wrong type.  Also a builtin ``TypeError``."""
+    """A message body or header has the wrong type, or cannot be carried by
+    AMQP (``send()`` refuses it before accepting it; the text names the field
+    and the limit).  Also a builtin ``TypeError``."""
 
 
 class InvalidPropertyError(JMSException, ValueError):

@@ -95,6 +95,9 @@ class Gate(enum.Enum):
     BLOCKED = "blocked"  # connection.blocked
     FLOWED_BLOCKED = "flowed+blocked"
     DISCONNECTED = "disconnected"  # connection lost, recovery running
+    # ... and the new connection, the producer's channel not reopened yet on
+    # it, is blocked: the producer comes back BLOCKED
+    DISCONNECTED_BLOCKED = "disconnected+blocked"
     CLOSED = "closed"
 
 
@@ -130,6 +133,15 @@ GATE_TRANSITIONS: dict[tuple[Gate, GateEvent], Gate] = {
     (_G.FLOWED_BLOCKED, _E.UNBLOCKED): _G.FLOWED,
     (_G.DISCONNECTED, _E.RECONNECTED): _G.OPEN,
     (_G.DISCONNECTED, _E.CONNECTION_LOST): _G.DISCONNECTED,
+    # connection.blocked / unblocked of the new connection while recovery
+    # restores it, before the producer's channel is reopened on it.
+    (_G.DISCONNECTED, _E.BLOCKED): _G.DISCONNECTED_BLOCKED,
+    (_G.DISCONNECTED, _E.UNBLOCKED): _G.DISCONNECTED,
+    (_G.DISCONNECTED_BLOCKED, _E.BLOCKED): _G.DISCONNECTED_BLOCKED,
+    (_G.DISCONNECTED_BLOCKED, _E.UNBLOCKED): _G.DISCONNECTED,
+    (_G.DISCONNECTED_BLOCKED, _E.RECONNECTED): _G.BLOCKED,
+    # The next connection starts unblocked.
+    (_G.DISCONNECTED_BLOCKED, _E.CONNECTION_LOST): _G.DISCONNECTED,
 }
 # A connection can be lost, or the producer closed, from every live state.
 for _state in (_G.OPEN, _G.FLOWED, _G.BLOCKED, _G.FLOWED_BLOCKED):
@@ -138,7 +150,8 @@ for _state in Gate:
     GATE_TRANSITIONS[(_state, _E.CLOSE)] = _G.CLOSED
 
 _FLOWED_STATES = frozenset({Gate.FLOWED, Gate.FLOWED_BLOCKED})
-_BLOCKED_STATES = frozenset({Gate.BLOCKED, Gate.FLOWED_BLOCKED})
+_BLOCKED_STATES = frozenset({Gate.BLOCKED, Gate.FLOWED_BLOCKED, Gate.DISCONNECTED_BLOCKED})
+_DISCONNECTED_STATES = frozenset({Gate.DISCONNECTED, Gate.DISCONNECTED_BLOCKED})
 _SIGNAL_STATES = _FLOWED_STATES | _BLOCKED_STATES
 
 
@@ -161,6 +174,11 @@ class FlowGate:
     def is_open(self) -> bool:
         """True when the producer may publish."""
         return self.state is Gate.OPEN
+
+    @property
+    def disconnected(self) -> bool:
+        """True while the producer has no channel (recovery running)."""
+        return self.state in _DISCONNECTED_STATES
 
     @property
     def flowed(self) -> bool:
@@ -279,8 +297,9 @@ class ProducerWindow(Generic[T]):
     @property
     def flow_signalled(self) -> bool:
         """True while the broker holds the producer back: Channel.Flow off,
-        connection.blocked, or nacked messages awaiting re-send.  A window
-        that is merely full, or a lost connection, is not a flow signal."""
+        connection.blocked (also of the connection recovery is restoring), or
+        nacked messages awaiting re-send.  A window that is merely full, or a
+        lost connection, is not a flow signal."""
         return self.gate.state in _SIGNAL_STATES or bool(self._retry)
 
     def wait_reason(self) -> str:

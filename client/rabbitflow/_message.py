@@ -20,6 +20,7 @@ __all__ = [
     "Message",
     "TextMessage",
     "WireProperties",
+    "check_sendable",
     "flagged_redelivered",
     "new_message_id",
 ]
@@ -33,6 +34,11 @@ _TIMESTAMP_HEADER = "JMSTimestamp"  # ms precision; AMQP's timestamp has seconds
 # lost, so the broker may hold it twice); a receiver sees ``redelivered``.
 REDELIVERED_HEADER = "JMSRedelivered"
 _PropertyValue = str | int | float | bool | None
+# What AMQP can carry (the publish encoder raises on anything else, and by
+# then the message holds a delivery tag): short strings of at most 255 bytes,
+# table integers of at most 64 bits.
+_SHORT_MAX = 255
+_INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
 
 
 # uuid4() reads os.urandom for every id, a syscall that costs more than the
@@ -119,14 +125,17 @@ class Message:
     def set_property(self, name: str, value: _PropertyValue) -> None:
         """Set an application property.
 
+        A float cannot be sent (the AMQP encoder this client uses has no
+        floating-point header type): send it as a str, or scaled to an int.
+
         Raises:
-            MessageFormatError: the name is empty or the value not str/int/float/bool/None.
+            MessageFormatError: the name is empty or the value not str/int/bool/None.
         """
         if not isinstance(name, str) or not name:
             raise MessageFormatError(f"property name must be a non-empty string, got {name!r}")
-        if value is not None and not isinstance(value, str | int | float | bool):
+        if value is not None and not isinstance(value, str | int | bool):
             raise MessageFormatError(
-                f"property {name!r}: value must be str, int, float, bool or None, "
+                f"property {name!r}: value must be str, int, bool or None, "
                 f"got {type(value).__name__}"
             )
         self.properties[name] = value
@@ -253,6 +262,55 @@ class BytesMessage(Message):
     def body_bytes(self) -> bytes:
         """The body."""
         return self.data
+
+
+def check_sendable(message: Message) -> None:
+    """Refuse a message whose headers or properties AMQP cannot carry.
+
+    On the send path: lengths, types and ranges only (a short string is
+    encoded only when it is not ASCII; property values never are).
+
+    Raises:
+        MessageFormatError: ``correlation_id``, ``type``, ``reply_to`` or a
+            property name that is not a string of at most 255 UTF-8 bytes; a
+            property value that is not str, int, bool or None (AMQP headers
+            from this client carry no floats), or an int outside 64 bits.
+    """
+    if message.correlation_id is not None:
+        _check_short("correlation_id", message.correlation_id)
+    if message.type is not None:
+        _check_short("type", message.type)
+    if message.reply_to is not None:
+        _check_short("reply_to", str(message.reply_to))
+    for name, value in message.properties.items():
+        _check_short("property name", name)
+        if isinstance(value, int):  # bool too
+            if not _INT_MIN <= value <= _INT_MAX:
+                raise MessageFormatError(
+                    f"property {name!r}: {value} is outside the AMQP integer range "
+                    "-2**63 .. 2**63-1"
+                )
+        elif value is not None and not isinstance(value, str):
+            raise MessageFormatError(
+                f"property {name!r}: a value of type {type(value).__name__} cannot be "
+                "sent; AMQP headers from this client carry str, int, bool or None"
+            )
+
+
+def _check_short(field: str, text: object) -> None:
+    if not isinstance(text, str):
+        raise MessageFormatError(f"{field} must be a str, got {type(text).__name__}")
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode())
+        except UnicodeEncodeError as exc:
+            raise MessageFormatError(f"{field} is not valid text: {exc}") from exc
+    if size > _SHORT_MAX:
+        raise MessageFormatError(
+            f"{field} is {size} bytes in UTF-8, over AMQP's limit of {_SHORT_MAX}: {text[:40]!r}..."
+        )
 
 
 def check_open(closed: bool, what: str) -> None:

@@ -147,6 +147,9 @@ class MessageProducer(ProducerCounters):
             InvalidDestinationError: no destination, or one given to a producer
                 that has its own.
             InvalidPropertyError: bad delivery_mode, priority or time_to_live.
+            MessageFormatError: a header or property AMQP cannot carry (a
+                string over 255 bytes, an int over 64 bits, a float); the
+                message was not sent and the producer stays usable.
         """
         target = target_of(self.id, self._closed, self._destination, destination)
         stamp(message, target, delivery_mode, priority, time_to_live)
@@ -240,8 +243,9 @@ class MessageProducer(ProducerCounters):
             if flow_started is None and self._window.flow_signalled:
                 flow_started = now
                 _otel.blocked(span, self._window.wait_reason())
-            if self._window.gate.state is Gate.DISCONNECTED:
-                # Not broker flow control: recovery decides; its failure sets _error.
+            if self._window.gate.disconnected:
+                # Recovery decides (whether or not the new connection is
+                # blocked): no flow control timeout; its failure sets _error.
                 wait = None
                 self._cond.wait(0.5)
                 continue
@@ -387,7 +391,7 @@ class MessageProducer(ProducerCounters):
         """Use ``channel`` (fresh, or after a reconnection) and publish what is queued."""
         with self._cond:
             self._channel = channel
-            reconnected = self._window.gate.state is Gate.DISCONNECTED
+            reconnected = self._window.gate.disconnected
         if reconnected:
             self._gate(GateEvent.RECONNECTED)
 

@@ -40,6 +40,7 @@ from ._message import (
     PERSISTENT,
     Message,
     WireProperties,
+    check_sendable,
     flagged_redelivered,
     new_message_id,
 )
@@ -65,6 +66,7 @@ _FAILED = "Message send failed due to timeout waiting on broker enforced flow co
 _TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
 _ENFORCED = "Broker enforced flow control has been enforced"
 _REMOVED = "Broker enforced flow control is no longer in effect"
+_TTL_MAX = (1 << 63) - 1  # ms; its expiration must fit an AMQP short string
 
 #: One publish: exchange, routing key, body, properties.
 Outgoing = tuple[str, str, bytes, WireProperties]
@@ -136,7 +138,8 @@ class ProducerCounters:
 
     @property
     def flow_state(self) -> str:
-        """The gate state: open, flowed, blocked, flowed+blocked, disconnected, closed."""
+        """The gate state: open, flowed, blocked, flowed+blocked, disconnected,
+        disconnected+blocked, closed."""
         return self._window.gate.state.value
 
 
@@ -195,19 +198,26 @@ def target_of(
 def stamp(
     message: Message, target: Destination, delivery_mode: int, priority: int, time_to_live: int
 ) -> None:
-    """Check a send's arguments and set the message's JMS headers.
+    """Check a send's arguments and its message, then set the message's JMS
+    headers.  A message AMQP cannot carry is refused here, before the window
+    accepts it: past that point it holds a delivery tag.
 
     Raises:
         InvalidPropertyError: bad delivery_mode, priority, time_to_live or message.
+        MessageFormatError: a header or property AMQP cannot carry (see
+            ``check_sendable``).
     """
     if delivery_mode not in (PERSISTENT, NON_PERSISTENT):
         raise InvalidPropertyError("delivery_mode", f"must be 1 or 2, got {delivery_mode!r}")
     if not isinstance(priority, int) or not 0 <= priority <= 9:
         raise InvalidPropertyError("priority", f"must be 0..9, got {priority!r}")
-    if not isinstance(time_to_live, int) or time_to_live < 0:
-        raise InvalidPropertyError("time_to_live", f"must be >= 0 ms, got {time_to_live!r}")
+    if not isinstance(time_to_live, int) or not 0 <= time_to_live <= _TTL_MAX:
+        raise InvalidPropertyError(
+            "time_to_live", f"must be 0..{_TTL_MAX} ms, got {time_to_live!r}"
+        )
     if not isinstance(message, Message):
         raise InvalidPropertyError("message", f"expected a Message, got {type(message).__name__}")
+    check_sendable(message)
     now_ms = int(time.time() * 1000)
     message.message_id = new_message_id()
     message.timestamp = now_ms

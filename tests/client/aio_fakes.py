@@ -15,6 +15,8 @@ from rabbitflow._message import WireProperties
 from rabbitflow._transport_base import DETACHED as _DETACHED
 from rabbitflow._transport_base import Delivery
 
+from .fakes import encode_all
+
 
 @dataclass
 class Broker:
@@ -24,6 +26,8 @@ class Broker:
     refuse_connects: int = 0  # the next N connects fail
     down: set[str] = field(default_factory=set)  # URLs that refuse connects
     props: list[WireProperties] = field(default_factory=list)  # of each publish
+    # transport index -> k: send connection.blocked just before its k-th channel open
+    block_at_channel_open: dict[int, int] = field(default_factory=dict)
 
 
 class FakeAioChannel:
@@ -67,6 +71,7 @@ class FakeAioChannel:
     def publish_many(self, items: list[tuple[str, str, bytes, WireProperties]]) -> None:
         if self.closed or self.transport.lost:
             raise rabbitflow.ProtocolError("channel is closed")
+        encode_all(1, items, False)
         self.batches.append(len(items))
         for _exchange, _key, body, props in items:
             self.tags.append(self.next_tag)
@@ -103,6 +108,10 @@ class FakeAioChannel:
     def emit_flow(self, active: bool) -> None:
         self.handler.on_flow(active)
 
+    def emit_closed(self, error: rabbitflow.JMSException) -> None:
+        self.closed = True
+        self.handler.on_channel_closed(error)
+
     def emit_deliver(self, tag: int, body: bytes) -> None:
         self.handler.on_deliver(
             Delivery(tag, False, "", "q", body, WireProperties(content_type="text/plain"))
@@ -136,6 +145,8 @@ class FakeAioTransport:
     async def open_channel(self, handler: Any) -> FakeAioChannel:
         if not self.alive:
             raise rabbitflow.ConnectionLostError("fake transport is not connected")
+        if self.broker.block_at_channel_open.get(self.index) == len(self.channels) + 1:
+            self.emit_blocked()
         channel = FakeAioChannel(self, handler)
         self.channels.append(channel)
         return channel

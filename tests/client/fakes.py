@@ -4,6 +4,7 @@ can emit what a broker would (confirms, nacks, Channel.Flow, blocked)."""
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from rabbitflow._exceptions import InvalidDestinationError
 from rabbitflow._message import WireProperties
 from rabbitflow._transport_base import DETACHED as _DETACHED
 from rabbitflow._transport_base import Delivery
+from rabbitflow._transport_frames import PublishEncoder
 
 
 class FakeClock:
@@ -48,6 +50,21 @@ class AdvancingWait:
             self.during_wait.pop(0)()
 
 
+def encode_all(
+    channel: int, items: list[tuple[str, str, bytes, WireProperties]], mandatory: bool
+) -> None:
+    """Encode a batch as the real channels do before writing any of it: a
+    publish AMQP cannot carry fails the whole batch with their error."""
+    encoder = PublishEncoder()
+    try:
+        for exchange, routing_key, body, props in items:
+            encoder.encode(
+                channel, exchange, routing_key, body, props, mandatory=mandatory, body_max=4088
+            )
+    except (ValueError, TypeError, struct.error) as exc:
+        raise rabbitflow.ProtocolError(f"cannot encode a publish: {exc}") from exc
+
+
 @dataclass
 class Published:
     channel: int
@@ -71,6 +88,8 @@ class FakeBroker:
     # lose the connection at its k-th channel open, or at its first publish.
     lose_at_channel_open: dict[int, int] = field(default_factory=dict)
     lose_at_first_publish: set[int] = field(default_factory=set)
+    # ... send connection.blocked just before its k-th channel open.
+    block_at_channel_open: dict[int, int] = field(default_factory=dict)
     refusing: bool = False  # every later connect is refused
 
 
@@ -166,6 +185,7 @@ class FakeChannel:
     def publish_many(
         self, items: list[tuple[str, str, bytes, WireProperties]], mandatory: bool
     ) -> None:
+        encode_all(self.number, items, mandatory)
         for exchange, routing_key, body, props in items:
             self.publish(exchange, routing_key, body, props, mandatory)
 
@@ -242,6 +262,8 @@ class FakeTransport:
         if self.broker.lose_at_channel_open.get(self.index) == len(self.channels) + 1:
             self.emit_lost()
             raise rabbitflow.ConnectionLostError("fake connection cut at a channel open")
+        if self.broker.block_at_channel_open.get(self.index) == len(self.channels) + 1:
+            self.emit_blocked()
         channel = FakeChannel(self, len(self.channels) + 1, handler)
         self.channels.append(channel)
         return channel

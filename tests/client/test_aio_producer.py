@@ -213,6 +213,56 @@ async def test_connection_blocked_holds_every_producer() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_connection_blocked_during_restore_holds_the_producers_not_yet_reattached() -> None:
+    broker = Broker(queues={"q0", "q1"})
+    connection = await fake_factory(broker, FAST).create_connection()
+    sessions = [connection.create_session() for _ in range(2)]
+    attached, pending = [
+        await s.create_producer(await s.create_queue(f"q{n}")) for n, s in enumerate(sessions)
+    ]
+    # The new connection is blocked at its 4th channel open: the first
+    # producer has its channel again, the second (channel 4) not yet.
+    broker.block_at_channel_open[1] = 4
+    broker.transports[0].emit_lost()
+    await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert len(broker.transports) == 2  # the first attempt succeeded
+    assert broker.transports[1].channels[3].handler is pending
+    assert (attached.flow_state, pending.flow_state) == ("blocked", "blocked")
+    broker.transports[1].emit_unblocked()
+    await pending.send(sessions[1].create_text_message("after"))
+    await _until(lambda: _bodies(broker) == [b"after"], "the send after the unblock")
+
+
+@pytest.mark.asyncio
+async def test_send_after_the_broker_closed_the_channel_raises_its_error() -> None:
+    broker, _, session, producer, channel = await _setup()
+    closed = rabbitflow.ProtocolError("CHN-1012 flow control ignored")
+    channel.emit_closed(closed)
+    with pytest.raises(rabbitflow.ProtocolError) as info:
+        await producer.send(session.create_text_message("x"))
+    assert info.value is closed
+    assert (producer.sent_count, _bodies(broker)) == (0, [])
+
+
+@pytest.mark.asyncio
+async def test_a_message_amqp_cannot_carry_is_refused_before_it_is_accepted() -> None:
+    broker, _, session, producer, channel = await _setup()
+    for attribute, value, error in (
+        ("correlation_id", "c" * 256, "correlation_id is 256 bytes"),
+        ("properties", {"n": 1 << 70}, "property 'n': 1180591620717411303424 is outside"),
+    ):
+        bad = session.create_text_message("bad")
+        setattr(bad, attribute, value)
+        with pytest.raises(rabbitflow.MessageFormatError, match=error):
+            await producer.send(bad)
+    assert producer.sent_count == 0
+    await producer.send(session.create_text_message("good"))
+    await _until(lambda: _bodies(broker) == [b"good"], "the good message")
+    channel.emit_ack(1)
+    assert (producer.confirmed_count, producer.unconfirmed_count) == (1, 0)
+
+
+@pytest.mark.asyncio
 async def test_bad_arguments_are_value_errors_naming_the_argument() -> None:
     _, _, session, producer, _ = await _setup()
     with pytest.raises(ValueError, match="priority"):

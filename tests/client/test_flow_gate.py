@@ -78,3 +78,26 @@ def test_every_live_state_can_lose_its_connection_and_close() -> None:
     for state in (Gate.OPEN, Gate.FLOWED, Gate.BLOCKED, Gate.FLOWED_BLOCKED):
         assert GATE_TRANSITIONS[(state, GateEvent.CONNECTION_LOST)] is Gate.DISCONNECTED
         assert GATE_TRANSITIONS[(state, GateEvent.CLOSE)] is Gate.CLOSED
+
+
+def test_blocked_while_disconnected_is_kept_for_the_reconnection() -> None:
+    gate = FlowGate(Gate.DISCONNECTED)
+    assert gate.handle(GateEvent.BLOCKED, "memory") == [ConnectionBlocked("memory")]
+    assert (gate.state, gate.disconnected) == (Gate.DISCONNECTED_BLOCKED, True)
+    assert gate.handle(GateEvent.RECONNECTED) == []
+    assert (gate.state, gate.is_open) == (Gate.BLOCKED, False)
+
+
+def test_unblocked_while_disconnected_reconnects_open() -> None:
+    gate = FlowGate(Gate.DISCONNECTED_BLOCKED)
+    assert gate.handle(GateEvent.UNBLOCKED) == [ConnectionUnblocked()]
+    assert gate.handle(GateEvent.UNBLOCKED) == []
+    gate.handle(GateEvent.RECONNECTED)
+    assert gate.is_open
+
+
+def test_a_loss_while_disconnected_and_blocked_forgets_the_block() -> None:
+    gate = FlowGate(Gate.DISCONNECTED_BLOCKED)
+    assert gate.handle(GateEvent.CONNECTION_LOST) == [ConnectionUnblocked()]
+    gate.handle(GateEvent.RECONNECTED)
+    assert gate.is_open

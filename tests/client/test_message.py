@@ -45,6 +45,10 @@ def test_expiration_travels_as_a_ttl() -> None:
 def test_unsupported_property_value_is_refused_naming_the_property() -> None:
     with pytest.raises(rabbitflow.MessageFormatError, match="'when'"):
         rabbitflow.TextMessage("x").set_property("when", object())  # type: ignore[arg-type]
+    # No AMQP header type of this client carries a float: refused when set,
+    # not when the message is already on its way.
+    with pytest.raises(rabbitflow.MessageFormatError, match=r"'ratio'.*got float"):
+        rabbitflow.TextMessage("x").set_property("ratio", 0.5)
 
 
 def test_text_body_must_be_text() -> None:

@@ -314,12 +314,81 @@ def test_anonymous_producer_needs_a_destination_per_send() -> None:
         ({"priority": 10}, "priority"),
         ({"delivery_mode": 3}, "delivery_mode"),
         ({"time_to_live": -1}, "time_to_live"),
+        ({"time_to_live": 1 << 63}, "time_to_live"),
     ],
 )
 def test_bad_send_arguments_name_the_argument(kwargs: dict[str, int], name: str) -> None:
     _, session, producer, _ = setup()
     with pytest.raises(rabbitflow.InvalidPropertyError, match=name):
         producer.send(session.create_text_message("x"), **kwargs)
+
+
+# (message attribute, value AMQP cannot carry, what the error says)
+UNSENDABLE = [
+    pytest.param(
+        "correlation_id",
+        "c" * 256,
+        "correlation_id is 256 bytes in UTF-8, over AMQP's limit of 255",
+        id="long-correlation-id",
+    ),
+    pytest.param("correlation_id", "é" * 128, "correlation_id is 256 bytes", id="utf8-bytes"),
+    pytest.param("correlation_id", 42, "correlation_id must be a str, got int", id="not-text"),
+    pytest.param("type", "t" * 300, "type is 300 bytes", id="long-type"),
+    pytest.param(
+        "reply_to", rabbitflow.Queue("r" * 250), "reply_to is 258 bytes", id="long-reply-to"
+    ),
+    pytest.param(
+        "properties", {"p" * 256: 1}, "property name is 256 bytes", id="long-property-name"
+    ),
+    pytest.param(
+        "properties",
+        {"big": 1 << 63},
+        "property 'big': 9223372036854775808 is outside the AMQP integer range",
+        id="int-over-64-bits",
+    ),
+    pytest.param(
+        "properties", {"low": -(1 << 63) - 1}, "property 'low': .* is outside", id="int-under"
+    ),
+    pytest.param(
+        "properties",
+        {"ratio": 0.5},
+        "property 'ratio': a value of type float cannot be sent",
+        id="float",
+    ),
+    pytest.param(
+        "properties", {"when": object()}, "property 'when': a value of type object", id="other-type"
+    ),
+]
+
+
+@pytest.mark.parametrize(("attribute", "value", "error"), UNSENDABLE)
+def test_a_message_amqp_cannot_carry_is_refused_before_it_is_accepted(
+    attribute: str, value: object, error: str
+) -> None:
+    harness, session, producer, channel = setup()
+    bad = session.create_text_message("bad")
+    setattr(bad, attribute, value)
+    with pytest.raises(rabbitflow.MessageFormatError, match=error):
+        producer.send(bad)
+    assert (producer.sent_count, producer.unconfirmed_count) == (0, 0)
+    # The producer goes on, its confirm tags in step with the broker's.
+    producer.send(session.create_text_message("good"))
+    channel.emit_ack(1)
+    assert bodies(harness) == [b"good"]
+    assert (producer.confirmed_count, producer.unconfirmed_count) == (1, 0)
+
+
+def test_a_message_at_the_amqp_limits_is_sent() -> None:
+    harness, session, producer, channel = setup()
+    message = session.create_text_message("edge")
+    message.correlation_id = "é" * 127  # 254 bytes
+    message.type = "t" * 255
+    message.reply_to = rabbitflow.Queue("r" * 247)  # queue://... is 255 bytes
+    message.properties = {"p" * 255: (1 << 63) - 1, "low": -(1 << 63), "ok": True, "s": "x"}
+    producer.send(message)  # the fake channel encodes it as the real one does
+    channel.emit_ack(1)
+    assert bodies(harness) == [b"edge"]
+    assert producer.confirmed_count == 1
 
 
 def test_bad_capacity_is_refused() -> None:

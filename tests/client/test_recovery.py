@@ -142,6 +142,25 @@ def test_a_loss_at_the_first_publish_of_a_reconnection_loses_nothing() -> None:
     assert producer.unconfirmed_count == 0
 
 
+def test_a_producer_reattached_on_a_connection_blocked_during_restore_comes_back_blocked() -> None:
+    harness = make_harness()
+    connection, pairs = _producers(harness, 2)
+    (_, attached), (session, pending) = pairs
+    # The new connection is blocked at its 4th channel open: the first
+    # producer has its channel again, the second (channel 4) not yet.
+    harness.broker.block_at_channel_open[1] = 4
+    harness.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert len(harness.broker.transports) == 2  # the first attempt succeeded
+    assert harness.transport.channels[3].handler is pending
+    assert connection.is_blocked
+    assert (attached.flow_state, pending.flow_state) == ("blocked", "blocked")
+    harness.transport.emit_unblocked()
+    assert (attached.flow_state, pending.flow_state) == ("open", "open")
+    pending.send(session.create_text_message("after"))
+    assert harness.broker.published[-1].body == b"after"
+
+
 def test_a_late_confirm_of_a_dead_channel_is_not_counted() -> None:
     harness = make_harness()
     connection, pairs = _producers(harness, 1)

@@ -135,6 +135,9 @@ class MessageProducer(ProducerCounters):
             IllegalStateError: the producer, session or connection is closed.
             InvalidDestinationError: no destination, or a second one.
             InvalidPropertyError: bad delivery_mode, priority or time_to_live.
+            MessageFormatError: a header or property AMQP cannot carry (a
+                string over 255 bytes, an int over 64 bits, a float); the
+                message was not sent and the producer stays usable.
         """
         if self._streak >= _YIELD_EVERY:
             # Before anything is accepted: a task cancelled here sent nothing.
@@ -145,6 +148,8 @@ class MessageProducer(ProducerCounters):
         tracer = self._tracer
         span = None if tracer is None else _tracing.start_send(tracer, message, target)
         try:
+            if self._error is not None:  # the broker closed the channel (as in the sync SDK)
+                raise self._error
             if not self._context.usable() or not self._window.can_accept():
                 await self._context.wait_usable()
                 waited = await self._wait_for_room(target, span)
@@ -243,7 +248,7 @@ class MessageProducer(ProducerCounters):
             if self._window.can_accept():
                 return 0.0 if flow_started is None else self._clock() - flow_started
             now = self._clock()
-            if self._window.gate.state is Gate.DISCONNECTED:
+            if self._window.gate.disconnected:
                 wait = None
                 await self._changed(0.5)
                 continue
@@ -370,7 +375,7 @@ class MessageProducer(ProducerCounters):
 
     def _attach(self, channel: AioChannel) -> None:
         self._channel = channel
-        if self._window.gate.state is Gate.DISCONNECTED:
+        if self._window.gate.disconnected:
             self._gate(GateEvent.RECONNECTED)
 
     def _fail(self, error: JMSException) -> None:
