@@ -389,16 +389,18 @@ class Session(MessageFactory):
         Raises:
             IllegalStateError: not a transacted session, or closed.
             TransactionRolledBackError: the connection was lost during the
-                transaction; its work was rolled back.
+                transaction; its work was rolled back, including what was
+                sent after the reconnection, so a retry of the whole
+                transaction sends each message once.
         """
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("commit() on a non-transacted session")
         with self._lock:
             consumers = list(self._consumers)
-            broken, self._tx_broken = self._tx_broken, False
+            broken = self._tx_broken
         if broken:
-            self._restart_consumers(rollback=True)
+            self.rollback()
             raise TransactionRolledBackError(
                 "the connection was lost during the transaction; it was rolled back"
             )

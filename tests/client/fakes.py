@@ -83,6 +83,8 @@ class FakeBroker:
     exchanges: dict[str, str] = field(default_factory=dict)
     bindings: list[tuple[str, str, str]] = field(default_factory=list)
     published: list[Published] = field(default_factory=list)
+    # What transacted channels committed, in commit order (as the broker enqueues it).
+    committed: list[Published] = field(default_factory=list)
     transports: list[FakeTransport] = field(default_factory=list)
     # Faults for the transports made later, by their index in ``transports``:
     # lose the connection at its k-th channel open, or at its first publish.
@@ -106,6 +108,7 @@ class FakeChannel:
         self.next_tag = 1
         self.detached = False  # the SDK left it: emit_* reach nobody
         self.calls: list[tuple[Any, ...]] = []
+        self.uncommitted: list[Published] = []  # this transaction's publishes
 
     @property
     def broker(self) -> FakeBroker:
@@ -119,9 +122,12 @@ class FakeChannel:
 
     def tx_commit(self) -> None:
         self.calls.append(("tx_commit",))
+        self.broker.committed.extend(self.uncommitted)
+        self.uncommitted.clear()
 
     def tx_rollback(self) -> None:
         self.calls.append(("tx_rollback",))
+        self.uncommitted.clear()
 
     def queue_declare(
         self, name: str, *, passive: bool = False, arguments: Any = None, **kw: Any
@@ -178,9 +184,10 @@ class FakeChannel:
             raise rabbitflow.ConnectionLostError("fake connection cut at a publish")
         tag = self.next_tag
         self.next_tag += 1
-        self.broker.published.append(
-            Published(self.number, tag, exchange, routing_key, body, props)
-        )
+        published = Published(self.number, tag, exchange, routing_key, body, props)
+        self.broker.published.append(published)
+        if self.transactional:
+            self.uncommitted.append(published)
 
     def publish_many(
         self, items: list[tuple[str, str, bytes, WireProperties]], mandatory: bool

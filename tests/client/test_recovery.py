@@ -212,3 +212,24 @@ def test_a_consumer_flow_timer_lost_with_its_connection_is_armed_again() -> None
         second.channels[1].emit_deliver(tag, b"x")
     assert len(second.timers) == 1
     connection.close()
+
+
+def test_a_transaction_broken_by_a_reconnection_rolls_back_what_was_sent_after_it() -> None:
+    # m1 is sent, the connection drops and recovers, m2 goes into the new
+    # channel's transaction; commit() reports the rollback.  The application
+    # retries the whole transaction: the broker must get m1 and m2 once each.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    session = connection.create_session(transacted=True)
+    producer = session.create_producer(session.create_queue("orders"))
+    producer.send(session.create_text_message("m1"))
+    h.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "recovery")
+    producer.send(session.create_text_message("m2"))
+    with pytest.raises(rabbitflow.TransactionRolledBackError):
+        session.commit()
+    producer.send(session.create_text_message("m1"))
+    producer.send(session.create_text_message("m2"))
+    session.commit()
+    assert [m.body for m in h.broker.committed] == [b"m1", b"m2"]
