@@ -27,10 +27,13 @@ whatever a killed step left that the checkpoint does not name.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +41,8 @@ from typing import Any
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from rabbitflow_pipeline.offsets import Tracked, copy_range, observe, plan_reads
+from rabbitflow_pipeline.offsets import InputChanged, Tracked, copy_range, observe, plan_reads
+from rabbitflow_pipeline.readers import stream_of
 
 __all__ = [
     "INTERVAL_TABLES",
@@ -47,6 +51,7 @@ __all__ = [
     "Checkpoint",
     "clean",
     "commit",
+    "exclusive",
     "load_checkpoint",
     "load_manifest",
     "source_column",
@@ -54,6 +59,8 @@ __all__ = [
     "staged_paths",
     "write_text_atomically",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: Directory under ``--out`` holding the checkpoint and the stored state.
 STATE_DIR = "_state"
@@ -64,7 +71,10 @@ REWRITTEN_TABLES = ("queue_summary", "advice", "send_delays", "malformed")
 
 _COMMIT = "commit.json"
 _MANIFEST = "_manifest.json"
+_LOCK = "lock"
 _STATE_AREAS = ("state", "channels", "stats", "tmp")
+#: Times the inputs are observed and copied again when one changes under the copy.
+_STAGE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,29 @@ def clean(out: Path, checkpoint: Checkpoint, *, keep_staging: int | None) -> Non
                     _remove(child)
 
 
+@contextlib.contextmanager
+def exclusive(out: Path) -> Iterator[None]:
+    """Hold ``out``'s step lock: one step at a time on one ``--out``.
+
+    A ``--follow`` and a scheduled ``--incremental`` on the same output take
+    turns instead of deleting each other's uncommitted files.  The lock is
+    the kernel's (``flock``): a killed process leaves none behind.  Waits,
+    saying so once, while another step holds it.
+    """
+    root = out / STATE_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log.warning("%s: another step is running on it; waiting for it to finish", out)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _staging(out: Path, batch: int) -> Path:
     return out / STATE_DIR / "staging" / f"batch-{batch:08d}"
 
@@ -204,8 +237,27 @@ def stage(out: Path, checkpoint: Checkpoint, patterns: Iterable[tuple[str, str]]
     """Copy the new whole lines of every input into the next step's staging directory.
 
     Returns the manifest (also written, last, as ``_manifest.json``); a
-    step killed before that starts its staging over.
+    step killed before that starts its staging over.  A file that changes
+    between being observed and being copied (a rotation under way) has the
+    inputs observed and copied again.
+
+    Raises:
+        FileNotFoundError: see :func:`~rabbitflow_pipeline.offsets.observe`.
+        InputChanged: the inputs kept changing under the copy.
     """
+    patterns = list(patterns)
+    for attempt in range(_STAGE_ATTEMPTS):
+        try:
+            return _stage_once(out, checkpoint, patterns)
+        except InputChanged:
+            if attempt == _STAGE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _stage_once(
+    out: Path, checkpoint: Checkpoint, patterns: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
     batch = checkpoint.batch + 1
     staging = _staging(out, batch)
     shutil.rmtree(staging, ignore_errors=True)
@@ -215,12 +267,13 @@ def stage(out: Path, checkpoint: Checkpoint, patterns: Iterable[tuple[str, str]]
     if fresh:
         staging.mkdir(parents=True)
     for index, read in enumerate(fresh):
-        copy_range(read.path, read.start, read.end, staging / f"{index:06d}.log")
+        identity = (read.tracked.dev, read.tracked.ino)
+        copy_range(read.path, read.start, read.end, staging / f"{index:06d}.log", identity)
         parts.append(
             {
                 "index": index,
                 "kind": read.kind,
-                "source": Path(read.path).as_uri(),
+                "source": stream_of(Path(read.path).as_uri()),
                 "start": read.start,
                 "end": read.end,
             }
@@ -241,7 +294,7 @@ def load_manifest(out: Path, batch: int) -> dict[str, Any] | None:
 
 
 def source_column(parts: Sequence[Mapping[str, Any]]) -> Column:
-    """The original file's URI for a row of a staged copy (as the batch job's ``source``)."""
+    """The original file's log for a row of a staged copy (as the batch job's ``source``)."""
     index = F.regexp_extract(F.input_file_name(), r"(\d{6})\.log$", 1).cast("int")
     mapping = F.create_map(
         *(x for p in parts for x in (F.lit(int(p["index"])), F.lit(str(p["source"]))))

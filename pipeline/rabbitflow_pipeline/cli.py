@@ -136,11 +136,8 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         return 2
     session = build_session(args.master, remote=args.remote) if spark is None else spark
     try:
-        if args.follow:
-            return _follow(session, args, limits)
-        if args.incremental:
-            step = _step(session, args, limits, live=False)
-            return 1 if step.all_malformed else 0
+        if args.follow or args.incremental:
+            return _live(session, args, limits)
         result = analyze(
             session, args.event_logs, args.out, client_paths=args.client_log, queue_limits=limits
         )
@@ -156,6 +153,22 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
         _all_malformed(result.malformed, reason, count)
         return 1
     return 0
+
+
+def _live(
+    session: SparkSession,
+    args: argparse.Namespace,
+    limits: list[tuple[str, str, int | None, int | None]] | None,
+) -> int:
+    """``--follow`` or ``--incremental``; an input path that names nothing is a bad argument."""
+    try:
+        if args.follow:
+            return _follow(session, args, limits)
+        step = _step(session, args, limits, live=False)
+    except FileNotFoundError as exc:
+        print(f"rabbitflow-analyze: error: {exc}", file=sys.stderr)
+        return 2
+    return 1 if step.all_malformed else 0
 
 
 def _all_malformed(malformed: int, reason: str, count: int) -> None:
@@ -202,6 +215,12 @@ def _print_step(result: StepResult) -> None:
     if result.all_malformed and result.malformed_reasons:
         reason, count = result.malformed_reasons[0]
         _all_malformed(result.malformed, reason, count)
+    elif result.all_malformed:  # nothing new: the reasons are in the stored table
+        print(
+            f"rabbitflow-analyze: error: every one of the {result.malformed:,} event-log "
+            f"lines read so far is malformed; their reasons are in {result.out / 'malformed'}",
+            file=sys.stderr,
+        )
 
 
 def _follow(

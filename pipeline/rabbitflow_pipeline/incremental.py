@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,11 @@ from pyspark.sql import functions as F
 
 from rabbitflow_pipeline import outputs
 from rabbitflow_pipeline.checkpoint import (
-    INTERVAL_TABLES,
     STATE_DIR,
     Checkpoint,
     clean,
     commit,
+    exclusive,
     load_checkpoint,
     load_manifest,
     stage,
@@ -71,9 +71,9 @@ from rabbitflow_pipeline.schemas import (
 )
 from rabbitflow_pipeline.session import is_connect
 from rabbitflow_pipeline.settling import (
-    INTERVAL_SCHEMAS,
     SMALL_TABLES,
     StepState,
+    compact,
     empty_client,
     fetch_small,
     final_rows,
@@ -84,7 +84,6 @@ from rabbitflow_pipeline.settling import (
     provisional_rows,
     read_table,
     value_frame,
-    write_parts,
 )
 from rabbitflow_pipeline.stats_state import running_queue_stats
 
@@ -102,8 +101,6 @@ __all__ = [
 #: Default seconds an event may arrive after newer events of another file.
 DEFAULT_LATENESS_S = 60.0
 
-#: Settled file sets past which a step compacts a table's into one.
-_COMPACT_AFTER = 48
 #: Threads submitting a step's independent Spark jobs (as the batch job does).
 _JOB_THREADS = 4
 
@@ -394,50 +391,60 @@ def run_step(
     ``live`` puts the currently open episodes at the top of the report
     (``--follow``).  ``hook`` is called with the name of each stage (``staged``,
     ``parsed``, ``paired``, ``tables``, ``report``, ``committed``) as the step
-    passes it; a test raises from it to kill the step there.
+    passes it; a test raises from it to kill the step there.  Steps on one ``out`` take turns.
 
     Raises:
         ValueError: ``lateness_s`` is negative.
+        FileNotFoundError: a non-glob input names nothing, before any step read one.
     """
     if lateness_s < 0:
         raise ValueError(f"lateness must not be negative, got {lateness_s}")
-    phases = outputs.Phases(hook)
-    cp, manifest = _staged(out, event_paths, client_paths)
-    parts = manifest["parts"]
-    if not parts and cp.batch >= 0:
-        # Nothing new: the tables, state and report stay exactly as they are.
-        return _unchanged(out, cp, phases.started)
-    phases.passed("staged")
-    kept = outputs.Kept()
-    session = _step_session(spark)
-    try:
-        with ThreadPoolExecutor(_JOB_THREADS, thread_name_prefix="step") as pool:
-            step = StepState(session, out, cp, parts, int(lateness_s * 1_000_000), kept, pool)
-            parse_step(step)
-            phases.passed("parsed")
-            pair_step(step)
-            phases.passed("paired")
-            _aggregates(step, queue_limits)
-            phases.passed("tables")
-            checkpoint = _next_checkpoint(step, manifest)
-            malformed = _report(
-                step,
-                checkpoint.counters,
-                _totals(step, checkpoint),
-                event_paths=event_paths,
-                client_paths=client_paths,
-                ignored=checkpoint.ignored,
-                live=live,
-            )
-            phases.passed("report")
-            reasons = malformed_reasons(malformed)
-    finally:
-        kept.release()
-    checkpoint = _compact(spark, out, checkpoint)
+    with exclusive(out):
+        phases = outputs.Phases(hook)
+        cp, manifest = _staged(out, event_paths, client_paths)
+        parts = manifest["parts"]
+        if not parts and cp.batch >= 0:
+            # Nothing new: the tables, state and report stay exactly as they are.
+            return _unchanged(out, cp, phases.started)
+        phases.passed("staged")
+        kept = outputs.Kept()
+        session = _step_session(spark)
+        try:
+            with ThreadPoolExecutor(_JOB_THREADS, thread_name_prefix="step") as pool:
+                step = StepState(session, out, cp, parts, int(lateness_s * 1_000_000), kept, pool)
+                parse_step(step)
+                phases.passed("parsed")
+                pair_step(step)
+                phases.passed("paired")
+                _aggregates(step, queue_limits)
+                phases.passed("tables")
+                checkpoint = _next_checkpoint(step, manifest)
+                malformed = _report(
+                    step,
+                    checkpoint.counters,
+                    _totals(step, checkpoint),
+                    event_paths=event_paths,
+                    client_paths=client_paths,
+                    ignored=checkpoint.ignored,
+                    live=live,
+                )
+                phases.passed("report")
+                reasons = malformed_reasons(malformed)
+        finally:
+            kept.release()
+        checkpoint = _committed(spark, out, checkpoint, phases)
+        return _result(step, checkpoint, phases, reasons)
+
+
+def _committed(
+    spark: SparkSession, out: Path, checkpoint: Checkpoint, phases: outputs.Phases
+) -> Checkpoint:
+    """Commit the step (compacted first, when due); delete what it replaced."""
+    checkpoint = compact(spark, out, checkpoint)
     commit(out, checkpoint)
     phases.passed("committed")
     clean(out, checkpoint, keep_staging=None)
-    return _result(step, checkpoint, phases, reasons)
+    return checkpoint
 
 
 def _staged(
@@ -574,24 +581,3 @@ def _unchanged(out: Path, cp: Checkpoint, started: float) -> StepResult:
         seconds=time.monotonic() - started,
         phases={},
     )
-
-
-def _compact(spark: SparkSession, out: Path, cp: Checkpoint) -> Checkpoint:
-    """Rewrite a table's settled step files, once past a few dozen, into one.
-
-    The compacted copies carry the step's number; the checkpoint that
-    names them is committed by the caller and the originals are deleted
-    only after that.
-    """
-    tables = dict(cp.tables)
-    for table in INTERVAL_TABLES:
-        # The step files since the last compaction (the compacted ones stay).
-        settled = [f for f in tables[table] if f.startswith("b") and "c-" not in f]
-        if len(settled) > _COMPACT_AFTER:
-            df = spark.read.schema(INTERVAL_SCHEMAS[table]).parquet(
-                *(str(out / table / f) for f in settled)
-            )
-            tmp = out / STATE_DIR / "tmp" / f"{table}-compact"
-            names = write_parts(df.coalesce(1), tmp, out / table, f"b{cp.batch:08d}c")
-            tables[table] = (*names, *(f for f in tables[table] if f not in settled))
-    return replace(cp, tables=tables)

@@ -25,21 +25,30 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "COMPRESSED_SUFFIXES",
     "HEAD_BYTES",
     "FileRead",
+    "InputChanged",
     "Observed",
     "Tracked",
     "copy_range",
     "observe",
     "plan_reads",
 ]
+
+_log = logging.getLogger(__name__)
+
+#: Names of compressed files, which a step does not read (see :func:`observe`).
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate")
 
 #: How many leading bytes of a file identify it beside its inode.
 HEAD_BYTES = 1024
@@ -129,34 +138,84 @@ def _complete_size(fd: int, size: int) -> int:
 
 
 def observe(patterns: Iterable[tuple[str, str]], tracked: Sequence[Tracked] = ()) -> list[Observed]:
-    """Stat every file matching ``(kind, glob)`` patterns, in path order, each once.
+    """Stat every file matching ``(kind, pattern)`` patterns, in path order, each once.
 
-    A pattern that is a plain existing path is taken as is; a glob that
-    matches nothing contributes nothing (the caller decides whether that
-    is an error).
+    A pattern is a glob, a file or a directory (its files, but those whose
+    names start with ``.`` or ``_``, as Spark reads a directory).  A glob
+    that matches nothing contributes nothing (its files may come later).
+    A file seen under two names (a rename while the patterns are walked, or
+    a hard link) is taken once, under the first.
+
+    Raises:
+        FileNotFoundError: a pattern that is not a glob names nothing that
+            exists, and no file has been read yet (``tracked`` is empty): a
+            mistyped path fails the first step, as it fails a batch run, where
+            later a missing file is one rotated away and not yet started again.
     """
     head_lens: dict[tuple[int, int], set[int]] = {}
     for item in tracked:
         head_lens.setdefault((item.dev, item.ino), set()).add(item.head_len)
     seen: set[str] = set()
+    identities: set[tuple[int, int]] = set()
     found: list[Observed] = []
     for kind, pattern in patterns:
-        paths = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
-        for name in paths:
-            path = str(Path(name).resolve())
-            if path in seen or not os.path.isfile(path):
+        for path in _files(pattern, required=not tracked):
+            if path in seen:
                 continue
             seen.add(path)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                st = os.fstat(fd)
-                complete = _complete_size(fd, st.st_size)
-                wanted = head_lens.get((st.st_dev, st.st_ino), set()) | {min(HEAD_BYTES, complete)}
-                heads = {n: _digest(os.pread(fd, n, 0)) for n in wanted if n <= complete}
-            finally:
-                os.close(fd)
-            found.append(Observed(kind, path, st.st_dev, st.st_ino, complete, heads))
+            seen_now = _observe_file(kind, path, head_lens)
+            if seen_now is None or (seen_now.dev, seen_now.ino) in identities:
+                continue
+            identities.add((seen_now.dev, seen_now.ino))
+            found.append(seen_now)
     return found
+
+
+def _files(pattern: str, *, required: bool) -> list[str]:
+    """The resolved paths of the files ``pattern`` names now (see :func:`observe`)."""
+    if glob.has_magic(pattern):
+        names = sorted(glob.glob(pattern))
+    elif os.path.exists(pattern):
+        names = [pattern]
+    elif required:
+        raise FileNotFoundError(f"{pattern}: no such file or directory")
+    else:
+        names = []
+    files: list[str] = []
+    for name in names:
+        if os.path.isdir(name):
+            inside = sorted(n for n in os.listdir(name) if not n.startswith((".", "_")))
+            files.extend(str(Path(name, n).resolve()) for n in inside)
+        else:
+            files.append(str(Path(name).resolve()))
+    compressed = [f for f in files if f.endswith(COMPRESSED_SUFFIXES)]
+    for path in compressed:
+        _log.warning(
+            "%s: compressed, not read: offsets cannot be kept in it (its lines were read "
+            "before it was compressed, if logrotate compresses with delaycompress)",
+            path,
+        )
+    return [f for f in files if not f.endswith(COMPRESSED_SUFFIXES)]
+
+
+def _observe_file(
+    kind: str, path: str, head_lens: Mapping[tuple[int, int], set[int]]
+) -> Observed | None:
+    """``path`` as it is now, or None when it is not a regular file (or is gone)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, IsADirectoryError):
+        return None  # renamed or removed since it was listed: seen under its new name, if any
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        complete = _complete_size(fd, st.st_size)
+        wanted = head_lens.get((st.st_dev, st.st_ino), set()) | {min(HEAD_BYTES, complete)}
+        heads = {n: _digest(os.pread(fd, n, 0)) for n in wanted if n <= complete}
+    finally:
+        os.close(fd)
+    return Observed(kind, path, st.st_dev, st.st_ino, complete, heads)
 
 
 def plan_reads(tracked: Sequence[Tracked], observed: Sequence[Observed]) -> list[FileRead]:
@@ -196,9 +255,27 @@ def plan_reads(tracked: Sequence[Tracked], observed: Sequence[Observed]) -> list
     return reads
 
 
-def copy_range(source: str, start: int, end: int, target: Path) -> None:
-    """Copy bytes ``[start, end)`` of ``source`` into a new file ``target`` (fsynced)."""
-    with open(source, "rb") as src, open(target, "wb") as dst:
+class InputChanged(OSError):
+    """A file changed between being observed and being copied (renamed away,
+    replaced or cut short: a rotation under way); observe again."""
+
+
+def copy_range(source: str, start: int, end: int, target: Path, identity: tuple[int, int]) -> None:
+    """Copy bytes ``[start, end)`` of ``source`` into a new file ``target`` (fsynced).
+
+    ``identity`` is the (device, inode) the file had when it was observed.
+
+    Raises:
+        InputChanged: ``source`` is now another file, is gone, or is shorter than ``end``.
+    """
+    try:
+        src = open(source, "rb")  # noqa: SIM115 (closed below, with the target)
+    except FileNotFoundError as exc:
+        raise InputChanged(f"{source} is gone") from exc
+    with src, open(target, "wb") as dst:
+        st = os.fstat(src.fileno())
+        if (st.st_dev, st.st_ino) != identity:
+            raise InputChanged(f"{source} is another file than the one observed")
         remaining = end - start
         position = start
         while remaining > 0:
@@ -209,7 +286,7 @@ def copy_range(source: str, start: int, end: int, target: Path) -> None:
             if done <= 0:
                 data = os.pread(src.fileno(), min(remaining, 1 << 20), position)
                 if not data:
-                    raise OSError(f"{source} is shorter than {end} bytes")
+                    raise InputChanged(f"{source} is shorter than {end} bytes")
                 dst.write(data)
                 dst.flush()
                 done = len(data)

@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_pipeline.schemas import CORRUPT_COLUMN, EVENT_WIRE_SCHEMA, LINES_SCHEMA
 
-__all__ = ["event_records", "read_events", "read_lines"]
+__all__ = ["ROTATED_SUFFIX", "event_records", "read_events", "read_lines", "stream_of"]
+
+#: The suffix a rotated copy of a log has: ``events.jsonl.1`` is ``events.jsonl``
+#: renamed by the gateway's rotation (and by logrotate's and Python's
+#: ``RotatingFileHandler``).  The same pattern in Java and Python regexes.
+ROTATED_SUFFIX = r"\.[0-9]+$"
+
+
+def stream_of(uri: str) -> str:
+    """The log a file belongs to: its URI without a rotation suffix.
+
+    A row's ``source`` names the log, not the file: the lines of
+    ``events.jsonl.1`` and of the ``events.jsonl`` that followed it are one
+    stream of one gateway, so a channel block opened before a rotation is
+    closed by its CHN-1006 after it, whichever file each line is in.
+    """
+    return re.sub(ROTATED_SUFFIX, "", uri)
+
+
+def _source() -> Column:
+    """:func:`stream_of` the file each row was read from."""
+    return F.regexp_replace(F.input_file_name(), ROTATED_SUFFIX, "")
 
 
 def read_lines(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
-    """Lines of text files (globs allowed) with the file each came from (``source``)."""
+    """Lines of text files (globs allowed) with the log each came from (``source``,
+    :func:`stream_of` its file)."""
     if not paths:
         return spark.createDataFrame([], LINES_SCHEMA)
-    return spark.read.text(list(paths)).select("value", F.input_file_name().alias("source"))
+    return spark.read.text(list(paths)).select("value", _source().alias("source"))
 
 
 def read_events(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
@@ -24,11 +47,12 @@ def read_events(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
 
     Spark's JSON source with the explicit schema: no inference pass, a line
     that is not JSON lands in the corrupt-record column, blank lines are
-    skipped.  ``source`` is ``input_file_name()`` (``file:///dir/gw.jsonl``):
-    the ``_metadata.file_path`` column (``file:/dir/gw.jsonl``) costs about
-    a third more per parsed line (measured on the benchmark logs).
+    skipped.  ``source`` is :func:`stream_of` ``input_file_name()``
+    (``file:///dir/gw.jsonl``, for ``gw.jsonl.1`` too): the
+    ``_metadata.file_path`` column (``file:/dir/gw.jsonl``) costs about a
+    third more per parsed line (measured on the benchmark logs).
     """
-    return event_records(spark, paths).select("*", F.input_file_name().alias("source"))
+    return event_records(spark, paths).select("*", _source().alias("source"))
 
 
 def event_records(spark: SparkSession, paths: Sequence[str]) -> DataFrame:

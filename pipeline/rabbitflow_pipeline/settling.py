@@ -21,7 +21,7 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ __all__ = [
     "SMALL_TABLES",
     "StepState",
     "arrow_frame",
+    "compact",
     "empty_client",
     "fetch_small",
     "final_rows",
@@ -75,6 +76,9 @@ __all__ = [
     "value_frame",
     "write_parts",
 ]
+
+#: Settled file sets past which a step compacts a table's into one.
+_COMPACT_AFTER = 48
 
 INTERVAL_SCHEMAS = {
     "episodes": EPISODES_SCHEMA,
@@ -557,3 +561,24 @@ def fetch_small(
     name = f"r{step.batch:08d}-0000.parquet"
     outputs.write_arrow(rows, step.out / table, name)
     return (name,), outputs.arrow_rows(rows)
+
+
+def compact(spark: SparkSession, out: Path, cp: Checkpoint) -> Checkpoint:
+    """Rewrite a table's settled step files, once past a few dozen, into one.
+
+    The compacted copies carry the step's number; the checkpoint that
+    names them is committed by the caller and the originals are deleted
+    only after that.
+    """
+    tables = dict(cp.tables)
+    for table in INTERVAL_TABLES:
+        # The step files since the last compaction (the compacted ones stay).
+        settled = [f for f in tables[table] if f.startswith("b") and "c-" not in f]
+        if len(settled) > _COMPACT_AFTER:
+            df = spark.read.schema(INTERVAL_SCHEMAS[table]).parquet(
+                *(str(out / table / f) for f in settled)
+            )
+            tmp = out / STATE_DIR / "tmp" / f"{table}-compact"
+            names = write_parts(df.coalesce(1), tmp, out / table, f"b{cp.batch:08d}c")
+            tables[table] = (*names, *(f for f in tables[table] if f not in settled))
+    return replace(cp, tables=tables)

@@ -218,3 +218,13 @@ def test_analyze_exits_non_zero_naming_the_commonest_reason_when_every_line_is_m
     status = main([str(log), "--out", str(tmp_path / "out")], spark=spark)
     assert status == 1
     assert "commonest reason: no_timestamp (3 lines)" in capsys.readouterr().err
+    # The same input incremental: the step says so, and so does a step with
+    # nothing new (the reasons are then in the stored table).
+    live = ["--out", str(tmp_path / "live"), "--incremental"]
+    assert main([str(log), *live], spark=spark) == 1
+    first = capsys.readouterr().err
+    assert "commonest reason: no_timestamp (3 lines)" in first
+    count = first.split("every one of the ")[1].split(" ")[0]
+    assert main([str(log), *live], spark=spark) == 1
+    err = capsys.readouterr().err
+    assert f"every one of the {count} event-log lines read so far is malformed" in err

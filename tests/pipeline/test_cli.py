@@ -240,6 +240,19 @@ def test_live_options_are_checked_before_spark_starts(
     assert "rabbitflow-analyze:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("mode", ["--incremental", "--follow"])
+def test_a_live_run_on_a_mistyped_path_says_so_and_writes_nothing(
+    spark: SparkSession, tmp_path: Path, mode: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    missing = str(tmp_path / "evnets.jsonl")
+    assert main([missing, "--out", str(out), mode], spark=spark) == 2
+    assert f"rabbitflow-analyze: error: {missing}: no such file or directory" in (
+        capsys.readouterr().err
+    )
+    assert not (out / "_state" / "commit.json").exists()
+
+
 def test_incremental_and_follow_exclude_each_other(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["gw.jsonl", "--out", str(tmp_path), "--incremental", "--follow"])

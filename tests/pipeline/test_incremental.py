@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import threading
 import time
@@ -16,7 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from rabbitflow_broker.events import Event
-from rabbitflow_pipeline import incremental
+from rabbitflow_pipeline import settling
 from rabbitflow_pipeline.batch import analyze
 from rabbitflow_pipeline.generate import generate
 from rabbitflow_pipeline.incremental import (
@@ -28,7 +29,7 @@ from rabbitflow_pipeline.incremental import (
 )
 
 from .jvm import compiled_classes
-from .logs import at, line, over, under
+from .logs import at, enforced, line, over, removed, under
 from .tables import assert_same_tables
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -220,6 +221,35 @@ def member_line(event: Event, gateway: str) -> str:
     return json.dumps({**event.to_record(), "gateway": gateway})
 
 
+def test_channel_blocks_across_a_rotation_are_one_row_each(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    # The gateway rotates its event log between two steps: one block's close
+    # is appended before the rename (read from events.jsonl.1), the other's
+    # is logged to the new events.jsonl.
+    live = tmp_path / "live"
+    live.mkdir()
+    out = tmp_path / "incremental"
+    log = live / "events.jsonl"
+    inputs = [str(live / "events.jsonl*")]
+    append(log, [line(over(0, "orders")), line(enforced(1, 7, 1, "orders"))])
+    append(log, [line(enforced(2, 7, 2, "orders"))])
+    run_step(spark, inputs, out)
+    append(log, [line(removed(20, 7, 1))])
+    os.rename(log, live / "events.jsonl.1")
+    append(log, [line(removed(21, 7, 2)), line(under(22, "orders"))])
+    run_step(spark, inputs, out)
+
+    blocks = spark.read.parquet(str(out / "channel_blocks")).orderBy("channel").collect()
+    assert [(b["channel"], b["closed_by"], b["source"]) for b in blocks] == [
+        (1, "CHN-1006", log.as_uri()),
+        (2, "CHN-1006", log.as_uri()),
+    ]
+    batch = tmp_path / "batch"
+    analyze(spark, inputs, batch)
+    assert_same_tables(out, batch)
+
+
 def test_two_members_logging_one_transition_make_one_episode(
     spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -323,7 +353,7 @@ def quarter_steps(
     rebuilt: tuple[str | None, bool] = (None, False)
     quarter = len(gw0) // 4
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(incremental, "_COMPACT_AFTER", 2)
+        patch.setattr(settling, "_COMPACT_AFTER", 2)
         for index in range(4):
             append(live, gw0[index * quarter : (index + 1) * quarter if index < 3 else None])
             before = compiled_classes(spark)
