@@ -79,3 +79,39 @@ def test_config_is_immutable() -> None:
     config = GatewayConfig()
     with pytest.raises(AttributeError):
         config.listen = "x:1"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "bad"),
+    [
+        ("upstream", "amqp://rabbit:abc", "amqp://rabbit:abc"),
+        ("upstream", "amqps://rabbit:0", "amqps://rabbit:0"),
+        ("upstream", "amqp://rabbit:5672, amqp://other:99999", "amqp://other:99999"),
+        ("management-url", "http://rabbit:99999", "http://rabbit:99999"),
+        ("management-url", "http://rabbit:15672,http://other:-1", "http://other:-1"),
+    ],
+)
+def test_a_url_port_outside_1_to_65535_is_refused_naming_the_option_and_url(
+    option: str, value: str, bad: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        GatewayConfig(**{option.replace("-", "_"): value})
+    assert str(refused.value) == f"--{option}: the port of {bad!r} must be an integer in 1..65535"
+
+
+def test_a_refused_url_port_does_not_show_the_password() -> None:
+    with pytest.raises(ConfigError, match=r"'amqp://bob:\*\*\*@rabbit:abc'"):
+        GatewayConfig(upstream="amqp://bob:s3cret@rabbit:abc")
+
+
+def test_a_url_without_a_port_takes_the_default() -> None:
+    config = GatewayConfig(upstream="amqp://rabbit,amqp://other:5673")
+    assert config.upstream_addresses == [("rabbit", 5672), ("other", 5673)]
+
+
+def test_a_bad_port_from_the_command_line_or_environment_is_a_config_error() -> None:
+    # rabbitflow-broker prints a ConfigError in one line and exits 2, not serving.
+    with pytest.raises(ConfigError, match=r"^--upstream: the port of 'amqp://rabbit:abc'"):
+        load_config(["--upstream", "amqp://rabbit:abc"], {})
+    with pytest.raises(ConfigError, match=r"^--management-url: the port of 'http://rabbit:99999'"):
+        load_config([], {"RABBITFLOW_BROKER_MANAGEMENT_URL": "http://rabbit:99999"})

@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from rabbitflow_broker.engine.errors import UsageError
 
@@ -174,12 +174,12 @@ class GatewayConfig:
         if not upstreams:
             raise ConfigError("--upstream: expected one or more amqp:// URLs, got none")
         for url in upstreams:
-            if urlsplit(url).scheme not in ("amqp", "amqps"):
+            if _split_url("upstream", url).scheme not in ("amqp", "amqps"):
                 raise ConfigError(f"--upstream: expected an amqp:// URL, got {url!r}")
         if len({urlsplit(url).scheme for url in upstreams}) > 1:
             raise ConfigError("--upstream: the nodes must all be amqp:// or all amqps://")
         for url in _split_urls(self.management_url):
-            if urlsplit(url).scheme not in ("http", "https"):
+            if _split_url("management-url", url).scheme not in ("http", "https"):
                 raise ConfigError(f"--management-url: expected an http(s):// URL, got {url!r}")
         if self.upstream_ca and not self.upstream_tls:
             raise ConfigError("--upstream-ca: only used with an amqps:// --upstream")
@@ -330,6 +330,29 @@ class GatewayConfig:
 def _split_urls(value: str) -> list[str]:
     """Comma-separated URLs (the nodes of one RabbitMQ cluster)."""
     return [url.strip() for url in value.split(",") if url.strip()]
+
+
+def _split_url(option: str, url: str) -> SplitResult:
+    """``urlsplit(url)`` for ``--OPTION``, refusing a URL the gateway could
+    not connect to once started.
+
+    Raises:
+        ConfigError: a malformed URL, or a port that is not an integer in
+            1..65535; the message names the option and the URL (its password
+            hidden).
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"--{option}: malformed URL {url!r}: {exc}") from None
+    try:
+        port = parts.port
+    except ValueError:  # not digits, or above 65535
+        port = 0
+    if port == 0:
+        shown = url.replace(f":{parts.password}@", ":***@") if parts.password else url
+        raise ConfigError(f"--{option}: the port of {shown!r} must be an integer in 1..65535")
+    return parts
 
 
 def _base(url: str) -> str:

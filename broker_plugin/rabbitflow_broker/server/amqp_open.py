@@ -3,8 +3,9 @@
 The depth poll (:mod:`~rabbitflow_broker.server.depth_poller`) and the cluster's
 control bus (:mod:`~rabbitflow_broker.server.cluster_bus`) log in the same way:
 protocol header, Start and Start-Ok (PLAIN), Tune and Tune-Ok, Open and
-Open-Ok.  :func:`open_connection` does that; channels and what follows are
-the caller's.  Failures raise the caller's own error class.
+Open-Ok.  :func:`open_connection` does that and says which frame_max was
+agreed (a publish's body goes in frames no larger); channels and what
+follows are the caller's.  Failures raise the caller's own error class.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pamqp.base import Frame
 
 from rabbitflow_broker.engine.errors import OutsideError
 
-__all__ = ["open_connection", "read_method"]
+__all__ = ["FRAME_MAX", "open_connection", "read_method"]
 
 _FRAME_END = 0xCE
 _FRAME_HEAD = struct.Struct(">BHI")
@@ -63,10 +64,12 @@ async def open_connection(
     heartbeat: int = 0,
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, int]:
     """An open AMQP connection to ``vhost``, shown in RabbitMQ as ``name``,
-    with AMQP heartbeats every ``heartbeat`` seconds (0: none).  ``what``
-    names the connection in errors ("the depth poll's connection").
+    with AMQP heartbeats every ``heartbeat`` seconds (0: none), and the
+    frame_max agreed in Tune-Ok (the largest frame either side may send,
+    at most :data:`FRAME_MAX`).  ``what`` names the connection in errors
+    ("the depth poll's connection").
 
     Raises:
         error: RabbitMQ refused the login or the vhost, or sent something else.
@@ -104,4 +107,4 @@ async def open_connection(
     except BaseException:
         writer.close()  # a failed or cancelled login leaves no socket behind
         raise
-    return reader, writer
+    return reader, writer, frame_max

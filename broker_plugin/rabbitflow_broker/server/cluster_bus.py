@@ -14,7 +14,9 @@ Everything the members say to each other goes through RabbitMQ, under
   not know the owner yet), so the active consumer learns at once that it
   is the owner.  Messages in it expire after one lease.
 
-Messages are small JSON objects (``{"t": type, ...}``).  The connection
+Messages are JSON objects (``{"t": type, ...}``).  The owner's state names
+every queue, so a body may be larger than the frame_max agreed with
+RabbitMQ: it is sent, and read back, in several body frames.  The connection
 negotiates AMQP heartbeats of a quarter lease, so RabbitMQ ends the
 connection of a member that stops answering (``SIGSTOP``, a cut cable)
 after about half a lease and moves the owner queue on.
@@ -34,7 +36,7 @@ from pamqp import commands, frame, heartbeat
 from pamqp.base import Frame
 
 from rabbitflow_broker.engine.errors import OutsideError
-from rabbitflow_broker.server.amqp_open import open_connection, read_method
+from rabbitflow_broker.server.amqp_open import FRAME_MAX, open_connection, read_method
 
 __all__ = ["BusError", "ControlBus"]
 
@@ -46,6 +48,8 @@ _FRAME_HEAD = struct.Struct(">BHI")
 #: A content header frame with no properties: kind, channel, size, class,
 #: weight, body size, property flags, frame end.
 _HEADER_FRAME = struct.Struct(">BHIHHQHB")
+#: Bytes of a frame besides its payload: the head (kind, channel, size) and the end.
+_FRAME_OVERHEAD = _FRAME_HEAD.size + 1
 _METHOD_ID = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
@@ -55,6 +59,21 @@ _CHANNEL_CLOSE = (20 << 16) | 40
 _CHANNEL = 1
 _OWNER_TAG = "owner"
 _MEMBER_TAG = "member"
+
+
+def _content_frames(body: bytes, frame_max: int) -> bytes:
+    """The content header (no properties) and body frames of ``body`` on the
+    bus channel, each body frame at most ``frame_max`` bytes in all:
+    RabbitMQ ends the connection (501 FRAME_ERROR) on a larger one."""
+    frames: list[bytes | memoryview] = [
+        _HEADER_FRAME.pack(_HEADER, _CHANNEL, 14, 60, 0, len(body), 0, _FRAME_END)
+    ]
+    step = frame_max - _FRAME_OVERHEAD
+    view = memoryview(body)
+    for start in range(0, len(body), step):
+        chunk = view[start : start + step]
+        frames += (_FRAME_HEAD.pack(_BODY, _CHANNEL, len(chunk)), chunk, _END_BYTE)
+    return b"".join(frames)
 
 
 class BusError(OutsideError):
@@ -99,6 +118,8 @@ class ControlBus:
         self._writer: asyncio.StreamWriter | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._publish_frames: dict[str, bytes] = {}
+        #: The largest frame RabbitMQ takes on this connection (agreed in Tune-Ok).
+        self._frame_max = FRAME_MAX
         # The delivery being read: its consumer tag, body size and body so far.
         self._tag = ""
         self._size = 0
@@ -138,7 +159,7 @@ class ControlBus:
     async def _connect(self) -> None:
         host, port = self._nodes[0]
         user, password = self._credentials
-        self._reader, self._writer = await open_connection(
+        self._reader, self._writer, self._frame_max = await open_connection(
             host,
             port,
             user=user,
@@ -313,10 +334,8 @@ class ControlBus:
             else:
                 method = commands.Basic.Publish(exchange=self.exchange, routing_key=to)
             publish = self._publish_frames[to] = frame.marshal(method, _CHANNEL)
-        content = _HEADER_FRAME.pack(_HEADER, _CHANNEL, 14, 60, 0, len(data), 0, _FRAME_END)
-        content += _FRAME_HEAD.pack(_BODY, _CHANNEL, len(data)) + data + _END_BYTE
         try:
-            writer.write(publish + content)
+            writer.write(publish + _content_frames(data, self._frame_max))
         except (OSError, RuntimeError):
             return False
         self.sent += 1

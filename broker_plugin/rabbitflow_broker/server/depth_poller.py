@@ -165,8 +165,9 @@ class PassiveDeclarer:
     async def _open(self) -> None:
         host, port = self._addresses[0]
         user, password = self._credentials
-        # No heartbeats: every exchange has its own deadline instead.
-        self._reader, self._writer = await open_connection(
+        # No heartbeats: every exchange has its own deadline instead.  No
+        # content is sent either, so the frame_max agreed does not matter.
+        self._reader, self._writer, _ = await open_connection(
             host,
             port,
             user=user,

@@ -1,0 +1,160 @@
+"""The cluster bus on the wire: message bodies larger than a frame.
+
+RabbitMQ's side is a peer on a loopback socket: it answers the bus's
+login and declarations (its Tune offers AMQP's smallest frame_max, 4096)
+and reads back, or sends, whole frames.  RabbitMQ ends a connection that
+sends a frame over the frame_max agreed (501 FRAME_ERROR), and splits a
+delivery's body over as many frames as it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from pamqp import commands, frame
+from pamqp.base import Frame
+from pamqp.body import ContentBody
+from pamqp.header import ContentHeader
+
+from rabbitflow_broker.engine.amqp import FRAME_BODY, FRAME_HEADER, FRAME_METHOD
+from rabbitflow_broker.server.cluster_bus import ControlBus
+from tests.broker.frame_reader import FrameReader, decode_method
+
+FRAME_MAX = 4096
+#: A state message the size of a few hundred queues' (thousands in production).
+STATE = {"t": "state", "m": "m1", "e": 1, "q": [f"tenant-{i:05d}.orders" for i in range(600)]}
+
+
+def _answers() -> bytes:
+    """Everything the bus waits for from connecting to consuming, in order."""
+    answers: list[tuple[int, Frame]] = [
+        (0, commands.Connection.Start()),
+        (0, commands.Connection.Tune(channel_max=2047, frame_max=FRAME_MAX, heartbeat=0)),
+        (0, commands.Connection.OpenOk()),
+        (1, commands.Channel.OpenOk()),
+        (1, commands.Exchange.DeclareOk()),
+        (1, commands.Queue.DeclareOk("rabbitflow.cluster.t.owner", 0, 0)),
+        (1, commands.Queue.DeclareOk("rabbitflow.cluster.t.member.m1", 0, 0)),
+        (1, commands.Queue.BindOk()),
+        (1, commands.Queue.BindOk()),
+        (1, commands.Basic.ConsumeOk("member")),
+        (1, commands.Basic.ConsumeOk("owner")),
+    ]
+    return b"".join(frame.marshal(value, channel) for channel, value in answers)
+
+
+def _payload(whole: bytes) -> bytes:
+    return whole[7:-1]
+
+
+def _body_size(header_frame: bytes) -> int:
+    header = ContentHeader()
+    header.unmarshal(_payload(header_frame))
+    return header.body_size
+
+
+def _complete(content: list[bytes]) -> bool:
+    """Whether ``content`` (a header frame, then body frames) holds the whole body."""
+    return bool(content) and sum(len(_payload(f)) for f in content[1:]) >= _body_size(content[0])
+
+
+@dataclass
+class Peer:
+    """RabbitMQ's end of the bus connection, and what the bus handed its member."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    #: Messages the bus passed to ``on_message``: (message, to_owner).
+    received: asyncio.Queue[tuple[dict[str, Any], bool]]
+    frames: FrameReader = field(default_factory=lambda: FrameReader(expect_protocol_header=True))
+
+    async def next_publish(self) -> tuple[commands.Basic.Publish, list[bytes]]:
+        """The next Basic.Publish and its content frames, whole (the header first)."""
+        publish: commands.Basic.Publish | None = None
+        content: list[bytes] = []
+        while publish is None or not _complete(content):
+            buffer, refs = self.frames.feed(await asyncio.wait_for(self.reader.read(65536), 5))
+            for ref in refs:
+                if ref.kind == FRAME_METHOD and publish is None:
+                    method = decode_method(ref.payload(buffer))
+                    publish = method if isinstance(method, commands.Basic.Publish) else None
+                elif publish is not None and ref.kind in (FRAME_HEADER, FRAME_BODY):
+                    content.append(buffer[ref.start : ref.end])
+        return publish, content
+
+
+@pytest_asyncio.fixture
+async def peer() -> AsyncIterator[tuple[Peer, ControlBus]]:
+    """A bus connected to a :class:`Peer`, member ``m1`` of cluster ``t``."""
+    accepted: asyncio.Queue[Peer] = asyncio.Queue()
+    received: asyncio.Queue[tuple[dict[str, Any], bool]] = asyncio.Queue()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answers())
+        await accepted.put(Peer(reader, writer, received))
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    bus = ControlBus(
+        cluster="t",
+        member="m1",
+        nodes=[("127.0.0.1", port)],
+        user="guest",
+        password="guest",
+        lease=2.0,
+        on_message=lambda message, to_owner: received.put_nowait((message, to_owner)),
+        on_lost=lambda: None,
+    )
+    await bus.connect()
+    end = await asyncio.wait_for(accepted.get(), 5)
+    try:
+        yield end, bus
+    finally:
+        await bus.close()
+        end.writer.close()
+        await end.writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_a_body_over_the_agreed_frame_max_is_sent_in_frames_within_it(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    end, bus = peer
+    data = json.dumps(STATE, separators=(",", ":")).encode()
+    assert len(data) > 2 * FRAME_MAX
+
+    assert bus.send(STATE, to="all")
+    publish, content = await end.next_publish()
+
+    assert publish.routing_key == "all"
+    assert max(map(len, content)) <= FRAME_MAX
+    assert len(content) == 1 + -(-len(data) // (FRAME_MAX - 8))  # the header, full body frames
+    assert _body_size(content[0]) == len(data)
+    assert json.loads(b"".join(map(_payload, content[1:]))) == STATE
+
+
+@pytest.mark.asyncio
+async def test_a_delivery_in_several_body_frames_is_one_message(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    end, _ = peer
+    data = json.dumps(STATE).encode()
+    step = FRAME_MAX - 8
+    wire = frame.marshal(commands.Basic.Deliver("member", 1, False, "", "all"), 1)
+    wire += frame.marshal(ContentHeader(body_size=len(data)), 1)
+    for start in range(0, len(data), step):
+        wire += frame.marshal(ContentBody(data[start : start + step]), 1)
+    for start in range(0, len(wire), 1000):  # frames cut across reads too
+        end.writer.write(wire[start : start + 1000])
+        await end.writer.drain()
+
+    assert await asyncio.wait_for(end.received.get(), 5) == (STATE, False)
+    assert end.received.empty()
