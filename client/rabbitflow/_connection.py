@@ -335,7 +335,14 @@ class Connection(ConnectionBase):
         with self._cond:
             blocked = self._producers.add(producer)
         if blocked is not None:
+            # Gated outside the lock (the producer takes its own): an unblock
+            # the I/O thread handled meanwhile found the producer still open,
+            # so look again once it is blocked.
             producer.gate(GateEvent.BLOCKED, blocked)
+            with self._cond:
+                unblocked = self._producers.blocked is None
+            if unblocked:
+                producer.gate(GateEvent.UNBLOCKED, "")
 
     def _unregister_producer(self, producer: ProducerControl[TransportChannel]) -> None:
         with self._cond:

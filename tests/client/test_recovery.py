@@ -233,3 +233,28 @@ def test_a_transaction_broken_by_a_reconnection_rolls_back_what_was_sent_after_i
     producer.send(session.create_text_message("m2"))
     session.commit()
     assert [m.body for m in h.broker.committed] == [b"m1", b"m2"]
+
+
+def test_a_producer_created_as_the_connection_is_unblocked_does_not_stay_blocked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # connection.unblocked reaches the I/O thread between the producer's
+    # registration (which saw the connection blocked) and its gate.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    session = connection.create_session()
+    queue = session.create_queue("orders")
+    h.transport.emit_blocked("memory alarm")
+    book = connection._producers
+    register = book.add
+
+    def add_then_unblock(producer: object) -> str | None:
+        reason = register(producer)  # type: ignore[arg-type]
+        h.transport.emit_unblocked()
+        return reason
+
+    monkeypatch.setattr(book, "add", add_then_unblock)
+    producer = session.create_producer(queue, capacity=2)
+    assert not connection.is_blocked
+    assert producer.flow_state == "open"
