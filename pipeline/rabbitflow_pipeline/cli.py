@@ -160,12 +160,13 @@ def _live(
     args: argparse.Namespace,
     limits: list[tuple[str, str, int | None, int | None]] | None,
 ) -> int:
-    """``--follow`` or ``--incremental``; an input path that names nothing is a bad argument."""
+    """``--follow`` or ``--incremental``; an input path that names nothing, or a
+    file that cannot be read or written, ends the run with its error (exit 2)."""
     try:
         if args.follow:
             return _follow(session, args, limits)
         step = _step(session, args, limits, live=False)
-    except FileNotFoundError as exc:
+    except OSError as exc:
         print(f"rabbitflow-analyze: error: {exc}", file=sys.stderr)
         return 2
     return 1 if step.all_malformed else 0
