@@ -14,9 +14,11 @@ send, as JMS providers do):
 * ``id_column`` given: the string value of that column (must be unique and
   non-null; a null id raises :class:`SinkError` and fails the task);
 * otherwise ``<prefix>-<partition>-<row index in partition>``, where the
-  prefix is stable for one call.  This is deterministic only if the
-  DataFrame's partitioning and row order are (a read of files, or a sort);
-  after a shuffle without an ordering, pass ``id_column``.
+  prefix is random and fixed for one call: a task's retries keep the ids,
+  a second call (a job run again after it failed) sends new ones.  This is
+  deterministic only if the DataFrame's partitioning and row order are (a
+  read of files, or a sort); after a shuffle without an ordering, or where
+  a failed job is run again, pass ``id_column``.
 
 A Spark task that fails after some of its rows were confirmed is retried
 from the start of its partition; the retry re-sends those rows *with the
@@ -28,7 +30,10 @@ dropped: a send that fails raises, failing the task, and Spark retries it.
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -47,6 +52,8 @@ __all__ = [
     "send_messages",
 ]
 
+
+_WAIT_FAILURE = "qpid.flow_control_wait_failure"
 
 #: Application header carrying the deterministic row id.
 ROW_ID_HEADER = "rabbitflow_row_id"
@@ -70,22 +77,49 @@ def message_id(prefix: str, partition: int, index: int) -> str:
 
 
 def _json_default(value: object) -> str:
-    # Timestamps, dates and decimals have no JSON type: ISO/str text keeps them exact.
+    # Timestamps, dates and decimals have no JSON type: ISO/str text keeps them
+    # exact.  Binary values go as base64 text, as Spark's to_json writes them.
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(value).decode("ascii")
     isoformat = getattr(value, "isoformat", None)
     if callable(isoformat):
         return str(isoformat())
     return str(value)
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as the strings Spark's to_json writes
+    ("NaN", "Infinity", "-Infinity"): bare, they are not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, default=_json_default, sort_keys=True, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere: rare, so looked for only then
+        return json.dumps(_finite(value), default=_json_default, sort_keys=True)
+
+
 def _body(row: Row, column: str | None) -> str:
     if column is None:
-        return json.dumps(row.asDict(recursive=True), default=_json_default, sort_keys=True)
+        return _json(row.asDict(recursive=True))
     value = row[column]
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8")
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SinkError(f"{column!r} holds bytes that are not UTF-8 text: {exc}") from None
     if value is None:
         raise SinkError(f"row has a null {column!r}: nothing to send")
-    return value if isinstance(value, str) else json.dumps(value, default=_json_default)
+    if isinstance(value, Row):  # a struct: an object with its field names
+        return _json(value.asDict(recursive=True))
+    return value if isinstance(value, str) else _json(value)
 
 
 def partition_messages(
@@ -115,16 +149,22 @@ def partition_messages(
 def send_messages(producer: Producer, messages: Iterable[tuple[str, str]]) -> int:
     """Send every message in order, then close the producer; returns the count.
 
-    The producer is closed even when a send raises (the error propagates,
-    failing the Spark task so that it is retried).
+    The producer is closed even when a send raises: that error propagates
+    (failing the Spark task so that it is retried), with a failure to close
+    after it added as a note, not in its place.
     """
     count = 0
     try:
         for mid, body in messages:
             producer.send(body, mid)
             count += 1
-    finally:
-        producer.close()
+    except BaseException as exc:
+        try:
+            producer.close()
+        except Exception as close_exc:  # the send's error is the one to report
+            exc.add_note(f"closing the producer then failed too: {close_exc!r}")
+        raise
+    producer.close()
     return count
 
 
@@ -176,6 +216,21 @@ def _set_message_id(message: Any, mid: str) -> None:
     message.set_property(ROW_ID_HEADER, mid)
 
 
+def _check_wait_failure(properties: Mapping[str, Any] | None) -> None:
+    """Refuse ``qpid.flow_control_wait_failure`` 0: it also bounds the wait for
+    a partition's last confirms, so every partition with rows would fail."""
+    value = (properties or {}).get(_WAIT_FAILURE)
+    try:
+        zero = value is not None and float(value) <= 0
+    except (TypeError, ValueError):
+        return  # the SDK names a malformed value itself
+    if zero:
+        raise SinkError(
+            f"{_WAIT_FAILURE}={value!r}: the sink waits for every confirm when a partition "
+            "ends, at most this long; give it a positive number of milliseconds"
+        )
+
+
 def publish_dataframe(
     df: DataFrame,
     queue: str,
@@ -195,7 +250,8 @@ def publish_dataframe(
     partition's producer has closed (all sends confirmed).
 
     Raises:
-        SinkError: ``column``/``id_column`` not in ``df``, or ``capacity`` < 1.
+        SinkError: ``column``/``id_column`` not in ``df``, ``capacity`` < 1, or
+            ``qpid.flow_control_wait_failure`` 0 in ``properties``.
         pyspark.errors.PySparkException: a task failed after Spark's retries
             (e.g. ``rabbitflow.FlowControlTimeoutError`` in a send).
     """
@@ -204,6 +260,7 @@ def publish_dataframe(
             raise SinkError(f"column {name!r} not in DataFrame columns {df.columns}")
     if capacity < 1:
         raise SinkError(f"capacity must be at least 1, got {capacity}")
+    _check_wait_failure(properties)
     factory: Callable[[], Producer] = _producer_factory or _SdkProducerFactory(
         url, queue, capacity, dict(properties) if properties else None
     )
@@ -215,6 +272,8 @@ def publish_dataframe(
         messages = partition_messages(
             partition, rows, prefix=prefix, column=column, id_column=id_column
         )
-        send_messages(factory(), messages)
+        first = next(messages, None)
+        if first is not None:  # an empty partition opens no connection
+            send_messages(factory(), itertools.chain((first,), messages))
 
     df.foreachPartition(run)

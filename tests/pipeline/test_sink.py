@@ -11,15 +11,17 @@ from rabbitflow_pipeline.sink import (
     SinkError,
     message_id,
     partition_messages,
+    publish_dataframe,
     send_messages,
 )
 
 
 class FakeProducer:
-    def __init__(self, fail_at: int | None = None) -> None:
+    def __init__(self, fail_at: int | None = None, close_error: Exception | None = None) -> None:
         self.sent: list[tuple[str, str]] = []
         self.closed = False
         self.fail_at = fail_at
+        self.close_error = close_error
 
     def send(self, body: str, message_id: str) -> None:
         if self.fail_at is not None and len(self.sent) == self.fail_at:
@@ -28,6 +30,8 @@ class FakeProducer:
 
     def close(self) -> None:
         self.closed = True
+        if self.close_error is not None:
+            raise self.close_error
 
 
 def test_generated_ids_are_prefix_partition_and_row_index() -> None:
@@ -80,3 +84,51 @@ def test_send_messages_closes_the_producer_when_a_send_fails() -> None:
     with pytest.raises(RuntimeError, match="went away"):
         send_messages(producer, [("a", "1"), ("b", "2")])
     assert (producer.sent, producer.closed) == ([("a", "1")], True)
+
+
+def test_a_failed_send_is_the_error_reported_even_when_closing_fails_too() -> None:
+    producer = FakeProducer(fail_at=1, close_error=ValueError("2 sends unconfirmed"))
+    with pytest.raises(RuntimeError, match="went away") as info:
+        send_messages(producer, [("a", "1"), ("b", "2")])
+    assert producer.closed
+    assert info.value.__notes__ == [
+        "closing the producer then failed too: ValueError('2 sends unconfirmed')"
+    ]
+
+
+def test_a_struct_column_is_sent_as_an_object_with_its_field_names() -> None:
+    rows = [Row(s=Row(a=1, b="x"))]
+    ((_, body),) = partition_messages(0, rows, prefix="p", column="s")
+    assert json.loads(body) == {"a": 1, "b": "x"}
+
+
+def test_binary_and_non_finite_values_make_valid_json_as_sparks_to_json_writes_them() -> None:
+    rows = [Row(raw=bytearray(b"\x00\x01"), ratio=float("nan"), top=float("inf"), n=1.5)]
+    ((_, body),) = partition_messages(0, rows, prefix="p")
+    assert json.loads(body, parse_constant=lambda c: pytest.fail(f"bare {c} in {body}")) == {
+        "raw": "AAE=",
+        "ratio": "NaN",
+        "top": "Infinity",
+        "n": 1.5,
+    }
+
+
+def test_binary_that_is_not_utf8_text_is_refused_naming_the_column() -> None:
+    with pytest.raises(SinkError, match="'raw' holds bytes that are not UTF-8"):
+        list(partition_messages(0, [Row(raw=b"\xff")], prefix="p", column="raw"))
+
+
+@pytest.mark.parametrize("value", [0, "0", -1])
+def test_a_zero_wait_for_confirms_is_refused_before_any_row_is_read(value: object) -> None:
+    class NoRows:  # what publish_dataframe reads of a DataFrame before its job
+        columns = ["a"]
+
+        def foreachPartition(self, run: object) -> None:
+            pytest.fail("rows were read")
+
+    with pytest.raises(SinkError, match=r"qpid\.flow_control_wait_failure"):
+        publish_dataframe(
+            NoRows(),  # type: ignore[arg-type]
+            "orders",
+            properties={"qpid.flow_control_wait_failure": value},
+        )
