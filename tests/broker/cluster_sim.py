@@ -115,7 +115,10 @@ class Simulation:
         self.producers = [Producer(pid, cap, pid % members) for pid, cap in enumerate(capacities)]
         self.crash_rate, self.owner_crash_rate = crash_rate, owner_crash_rate
         self.owner_member = 0
-        self.owner = QueueOwner(QUEUE, stop, resume, batch=batch, lease=lease, epoch=1)
+        # The first owner has waited its lease (as every new owner does) before t=0.
+        self.owner = QueueOwner(
+            QUEUE, stop, resume, batch=batch, lease=lease, epoch=1, started_at=-lease
+        )
         self._next_poll = 0.0
         self.publishing = True
         #: The largest grant the owners issued.

@@ -15,6 +15,8 @@ Q = "orders"
 
 
 def _owner(**kwargs: object) -> QueueOwner:
+    """An owner past its first lease (unless ``started_at`` says otherwise)."""
+    kwargs.setdefault("started_at", -2.0)
     return QueueOwner(Q, stop=100, resume=50, batch=10, lease=2.0, **kwargs)  # type: ignore[arg-type]
 
 

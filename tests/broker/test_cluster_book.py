@@ -74,9 +74,11 @@ def test_while_the_owner_says_on_nothing_completes_even_with_allowance() -> None
     (request,) = book.requests(now=0.0)
     book.granted(KEY, _grant(request), now=0.0)
     book.flow(KEY, FlowUpdate(NAME, Flow.ON, 2), now=0.0)
-    assert book.publish(KEY, 0, now=0.1) is False
+    for _ in range(10):  # one more than the 9 left
+        assert book.publish(KEY, 0, now=0.1) is False
     assert book.requests(now=1.0) == []  # nothing is asked while ON
-    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 2), now=0.0)
+    book.flow(KEY, FlowUpdate(NAME, Flow.OFF, 2), now=0.0)  # 9 paid, 1 short
+    assert KEY in book.held
     (ask,) = book.requests(now=1.0)  # asked at once when OFF again
     assert ask.asked_at == 1.0
 
@@ -206,7 +208,7 @@ def test_a_book_needs_rounds_while_allowance_is_in_use_and_not_after() -> None:
 
 
 def test_an_owner_needs_rounds_while_a_grant_is_outstanding() -> None:
-    owner = OwnerBook("m1", batch=10, lease=2.0, epoch=1, started_at=0.0)
+    owner = OwnerBook("m1", batch=10, lease=2.0, epoch=1, started_at=-2.0)
     assert not owner.busy()
     grant = owner.grant(KEY, Request("m2", NAME, 0.0, ()), 0.0, on=False)
     assert grant is not None
@@ -309,7 +311,7 @@ def test_top_ups_stop_while_another_members_large_grant_may_be_in_use() -> None:
     # yet; m2's top-ups go on only while depth + everything outstanding stays
     # within stop + M x B, though the depth the owner has seen is below stop.
     stop, batch, members = 300, 20, 2
-    owner = OwnerBook("o", batch=batch, lease=2.0, epoch=1, started_at=0.0)
+    owner = OwnerBook("o", batch=batch, lease=2.0, epoch=1, started_at=-2.0)
     kwargs = {"stop": stop, "sharers": members}
     big = owner.grant(KEY, Request("m1", NAME, 0.0), 0.0, on=False, depth=0, **kwargs)
     assert big is not None

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from pamqp import commands, frame
+from pamqp import commands, frame, heartbeat
 from pamqp.base import Frame
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
@@ -158,3 +158,46 @@ async def test_a_delivery_in_several_body_frames_is_one_message(
 
     assert await asyncio.wait_for(end.received.get(), 5) == (STATE, False)
     assert end.received.empty()
+
+
+@pytest.mark.asyncio
+async def test_a_bus_that_hears_nothing_for_two_heartbeats_is_lost() -> None:
+    """RabbitMQ's side answers the login, sends heartbeats for a while, then
+    goes silent (a cut cable sends no FIN): the bus closes the connection and
+    reports it lost after two heartbeat intervals (1 s each at a 2 s lease)."""
+    lost = asyncio.Event()
+    accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answers())
+        await accepted.put(writer)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    bus = ControlBus(
+        cluster="t",
+        member="m1",
+        nodes=[("127.0.0.1", server.sockets[0].getsockname()[1])],
+        user="guest",
+        password="guest",
+        lease=2.0,
+        on_message=lambda message, to_owner: None,
+        on_lost=lost.set,
+    )
+    loop = asyncio.get_running_loop()
+    await bus.connect()
+    writer = await asyncio.wait_for(accepted.get(), 5)
+    try:
+        for _ in range(6):  # 3 s of heartbeats every half interval: alive
+            writer.write(frame.marshal(heartbeat.Heartbeat(), 0))
+            await asyncio.sleep(0.5)
+        assert bus.connected
+        assert not lost.is_set()
+        silent_from = loop.time()
+        await asyncio.wait_for(lost.wait(), 10)
+        assert loop.time() - silent_from >= 1.0  # not at the first missed beat
+        assert not bus.connected
+    finally:
+        await bus.close()
+        writer.close()
+        server.close()
+        await server.wait_closed()

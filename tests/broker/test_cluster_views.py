@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
+from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
@@ -20,6 +20,7 @@ class Member:
     def __init__(self) -> None:
         self.owner = False
         self.book = MemberBook("m1", batch=10, lease=2.0)
+        self.owner_book: OwnerBook | None = None
 
     def kick(self) -> None:
         pass

@@ -49,8 +49,9 @@ has (RabbitMQ, in the service).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -64,6 +65,7 @@ __all__ = [
     "QueueOwner",
     "Report",
     "Request",
+    "SharedStops",
 ]
 
 #: ``--cluster-batch``: the most one member may accept for a queue unseen.
@@ -187,8 +189,10 @@ class QueueOwner:
         return sum(g.remaining for g in self._grants.values())
 
     def granting(self, now: float) -> bool:
-        """Whether this owner may grant yet: a new owner waits one lease."""
-        return now - self.started_at >= self.lease or self.epoch == 1
+        """Whether this owner may grant yet: a new owner waits one lease, the
+        first one too (no owner can tell it is the first: a member that has
+        just joined may not have heard of its predecessor yet)."""
+        return now - self.started_at >= self.lease
 
     def request(
         self, request: Request, now: float, *, sharers: int = 0
@@ -486,3 +490,53 @@ class MemberAllowance:
         if removed or removed_bytes:
             out.append(Report(self.member, self.queue, 0, 0, removed, False, 0, removed_bytes))
         return out
+
+
+#: An administrator stop: (vhost, queue), either None for every one.
+Stop = tuple[str | None, str | None]
+
+
+@dataclass(slots=True)
+class SharedStops:
+    """The administrator stops as the cluster knows them, merged stop by stop.
+
+    Each stop ever made carries the stamp of its last change, ``(version,
+    member, in force)``: lifted ones stay, so a merge keeps each stop's newer
+    stamp (versions a Lamport clock, ties by member).  Two changes made at once
+    on two members both hold, and members that saw the same stamps agree.
+    """
+
+    member: str
+    stamps: dict[Stop, tuple[int, str, bool]] = field(default_factory=dict)
+    clock: int = 0
+
+    def note(self, local: Iterable[Stop]) -> None:
+        """Stamp what was added or lifted here: ``local`` are the stops in force."""
+        now = set(local)
+        changed = now ^ set(self.in_force())
+        if changed:
+            self.clock += 1
+            for key in changed:
+                self.stamps[key] = (self.clock, self.member, key in now)
+
+    def in_force(self) -> list[Stop]:
+        """The stops in force, oldest change first."""
+        stamped = sorted(self.stamps.items(), key=lambda item: item[1][:2])
+        return [key for key, (_, _, on) in stamped if on]
+
+    def wire(self) -> list[list[Any]]:
+        """Every stamp as ``[vhost, queue, version, member, in force]``."""
+        return [[v, q, n, m, on] for (v, q), (n, m, on) in self.stamps.items()]
+
+    def merge(self, wire: list[list[Any]]) -> bool:
+        """Take each newer stamp of :meth:`wire`'s output; whether this side
+        knows something newer than it (then it should say so again)."""
+        theirs = {(v, q): (int(n), str(m), bool(on)) for v, q, n, m, on in wire}
+        for key, stamp in theirs.items():
+            self.clock = max(self.clock, stamp[0])
+            mine = self.stamps.get(key)
+            if mine is None or stamp[:2] > mine[:2]:
+                self.stamps[key] = stamp
+        return any(
+            key not in theirs or stamp[:2] > theirs[key][:2] for key, stamp in self.stamps.items()
+        )

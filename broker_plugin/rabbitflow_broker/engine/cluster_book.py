@@ -296,13 +296,24 @@ class MemberBook:
             self._settle(entry, entry.last_publish)
             entry.free_until = float("-inf")
 
-    def flow(self, key: QueueKey, update: FlowUpdate, now: float) -> None:
+    def flow(self, key: QueueKey, update: FlowUpdate, now: float) -> bool:
         """The owner's flow state of a queue (what the hub holds prepaid
-        comes back first: an ON queue's publishes wait)."""
+        comes back first: an ON queue's publishes wait).  An OFF queue's
+        debt is paid from the allowance held; what that cannot pay is asked
+        for at once (the owner tops up no member holding a batch, so held
+        publishes must not wait for a grant).  True when the queue is no
+        longer held."""
         self.epoch = max(self.epoch, update.epoch)
         entry = self._queue(key)
         self._settle(entry, now)
-        entry.allowance.flow_update(update)
+        allowance = entry.allowance
+        allowance.flow_update(update)
+        if not entry.debt or allowance.flow is Flow.ON:
+            return False
+        if self._pay(key, entry, now):
+            return True
+        self.due = True
+        return False
 
     def tick(self, now: float) -> set[QueueKey]:
         """Promote long holds to flowed; the queues that changed."""
@@ -314,13 +325,15 @@ class MemberBook:
                 changed.add(key)
         return changed
 
-    def forget(self, key: QueueKey) -> None:
-        """The queue is gone."""
+    def forget(self, key: QueueKey) -> bool:
+        """The queue is gone: its allowance and holds go too; True when it was held."""
         entry = self.queues.pop(key, None)
         if entry is not None:
             self._settle(entry, entry.last_publish)
+        held = key in self.held
         self.held.discard(key)
         self.flowed.discard(key)
+        return held
 
     def describe(self, now: float) -> list[dict[str, object]]:
         """Per queue: allowance left, debt, and whether held (for the admin API)."""
@@ -406,6 +419,10 @@ class OwnerBook:
             if expired:
                 out[key] = expired
         return out
+
+    def forget(self, key: QueueKey) -> None:
+        """The queue is gone: its grant ledger too."""
+        self.ledgers.pop(key, None)
 
     def outstanding(self, key: QueueKey) -> int:
         ledger = self.ledgers.get(key)

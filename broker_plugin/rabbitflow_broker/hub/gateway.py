@@ -52,15 +52,13 @@ __all__ = ["BlockedChannel", "Changes", "ClusterLink", "Connection", "Gateway", 
 
 Route = frozenset[str]
 
-
 _NO_HOLDS: set[QueueKey] = set()
+_INF = float("inf")
+_DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"  # direct reply-to's keys: no declared queue
 
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-_INF = float("inf")
 
 
 class Gateway(AdminViewsMixin, Hub):
@@ -171,10 +169,9 @@ class Gateway(AdminViewsMixin, Hub):
             route = self.routing.route(vhost, exchange, key, headers)
         except (RoutingError, FrameError):
             return frozenset()
-        if not route and exchange == "" and self.cluster is not None and key:
-            # Perhaps a queue declared through another member that this one
-            # has not learnt yet: account for it (the owner knows, or finds out).
-            return frozenset((key,))
+        if not route and exchange == "" and key and self.cluster is not None:
+            # Perhaps a queue another member declared (the owner finds out).
+            return route if key.startswith(_DIRECT_REPLY_TO) else frozenset((key,))
         return route
 
     def confirmed(
@@ -247,7 +244,8 @@ class Gateway(AdminViewsMixin, Hub):
             self._rethreshold(key)
 
     def queue_deleted(self, vhost: str, name: str) -> None:
-        """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
+        """RabbitMQ confirmed a queue delete; its runtime thresholds go too,
+        and in a cluster its allowance, holds and (owner) grant ledger."""
         key = (vhost, name)
         if self.thresholds.deleted(key):
             self.runtime_forgotten(key)
@@ -256,7 +254,10 @@ class Gateway(AdminViewsMixin, Hub):
         self._shared.pop(key, None)
         self._stopped.discard(key)
         self._near.discard(key)
-        if machine is not None and machine.stopped:
+        held = self._book is not None and self._book.forget(key)
+        if self.cluster is not None and self.cluster.owner_book is not None:
+            self.cluster.owner_book.forget(key)
+        if held or (machine is not None and machine.stopped):
             self.wake(vhost)
 
     def set_runtime_thresholds(
@@ -475,13 +476,13 @@ class Gateway(AdminViewsMixin, Hub):
         if event is None or not decides:
             return  # a cluster member that does not own the accounting: the owner decides
         self._sink(event)
+        if cluster is not None:  # first: an OFF queue's holds are paid (see wake)
+            cluster.flow_changed(key, machine.stopped)
         if not machine.stopped:  # QUE-1004: the vhost's producers may go on
             self.wake(key[0])
         changes = self._pending()
         if changes is not None:
             (changes.went_on if machine.stopped else changes.went_off).add(key)
-        if cluster is not None:
-            cluster.flow_changed(key, machine.stopped)
 
     # -- cluster -------------------------------------------------------------
 
@@ -529,8 +530,7 @@ class Gateway(AdminViewsMixin, Hub):
         self._shared.update(shared or {})
 
     def remote_depth(self, key: QueueKey, messages: int, size: int) -> None:
-        """Owner: other members enqueued (positive) or removed (negative)
-        messages of the queue."""
+        """Owner: other members enqueued (+) or removed (-) messages of the queue."""
         if not messages and not size:
             return
         depth = self.depth.add(key, messages, size, self._monotonic())

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rabbitflow_broker.engine.cluster_book import MemberBook
+from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook
 from rabbitflow_broker.engine.depth import QueueKey
 from rabbitflow_broker.engine.flow import Thresholds, ThresholdsSource
 
@@ -114,6 +114,8 @@ class ClusterLink(Protocol):
     owner: bool
     #: The member's allowances (holds: ``book.held``, ``book.flowed``).
     book: MemberBook
+    #: The grant ledgers while this member owns the accounting, else None.
+    owner_book: OwnerBook | None
 
     def kick(self) -> None: ...
 

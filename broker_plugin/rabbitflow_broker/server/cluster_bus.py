@@ -19,7 +19,10 @@ every queue, so a body may be larger than the frame_max agreed with
 RabbitMQ: it is sent, and read back, in several body frames.  The connection
 negotiates AMQP heartbeats of a quarter lease, so RabbitMQ ends the
 connection of a member that stops answering (``SIGSTOP``, a cut cable)
-after about half a lease and moves the owner queue on.
+after about half a lease and moves the owner queue on; and the member, by
+AMQP's same rule, takes the connection for lost when nothing (no frame, no
+heartbeat) came from RabbitMQ for two heartbeat intervals, so an owner cut
+off without a word steps down instead of granting on.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class ControlBus:
             raise
         beat = max(1, round(self._lease / 4))
         self._tasks = [
-            asyncio.create_task(self._read_loop(), name="cluster-bus-read"),
+            asyncio.create_task(self._read_loop(2 * beat), name="cluster-bus-read"),
             asyncio.create_task(self._heartbeat_loop(beat), name="cluster-bus-heartbeat"),
         ]
 
@@ -238,13 +241,17 @@ class ControlBus:
             )
         return value
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, silence: float) -> None:
+        """Read until the connection ends, or nothing came for ``silence`` seconds."""
         reader = self._reader
         assert reader is not None
         buffer = bytearray()
         try:
             while True:
-                data = await reader.read(65536)
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), silence)
+                except TimeoutError:
+                    raise EOFError(f"nothing from RabbitMQ for {silence:g} s") from None
                 if not data:
                     raise EOFError("RabbitMQ closed the connection")
                 buffer += data
@@ -315,8 +322,10 @@ class ControlBus:
             await asyncio.sleep(beat)
             writer = self._writer
             if writer is not None:
-                with contextlib.suppress(OSError, RuntimeError):
+                try:
                     writer.write(beat_frame)
+                except (OSError, RuntimeError):
+                    writer.close()  # the read loop ends and reports the bus lost
 
     # -- sending -----------------------------------------------------------------
 

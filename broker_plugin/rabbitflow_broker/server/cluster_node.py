@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Report, Request
+from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Report, Request, SharedStops
 from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.engine.cluster_wire import (
     grant_message,
@@ -98,6 +98,8 @@ class ClusterNode:
         #: The owner's id as last broadcast (None: not known).
         self.owner_id: str | None = None
         self.epoch = 0
+        #: The highest epoch any bus message carried (a new owner's is above it).
+        self.seen_epoch = 0
         self._describe = describe
         self._refresh_routing = refresh_routing
         self._refreshing: asyncio.Task[None] | None = None
@@ -106,7 +108,8 @@ class ClusterNode:
         self.members: dict[str, tuple[dict[str, Any], float]] = {}
         self._state_sent = -math.inf
         self._hello_sent = -math.inf
-        self._stops_seen = False
+        #: The administrator stops as the cluster knows them (the owner's state says).
+        self.stops = SharedStops(member)
         self._kicked = False
         #: Whether the last round left work in hand (rounds every TICK_S).
         self._busy = True
@@ -199,8 +202,26 @@ class ClusterNode:
         self._broadcast_state(now)
 
     def stops_changed(self) -> None:
-        stops = [list(stop) for stop in self.gateway.admin_stop_keys()]
-        self.bus.send({"t": "stops", "m": self.member, "stops": stops}, to="all")
+        self.stops.note(self.gateway.admin_stop_keys())
+        self._send_stops()
+
+    def _send_stops(self) -> None:
+        self.bus.send({"t": "stops", "m": self.member, **self._stops_fields()}, to="all")
+
+    def _stops_fields(self) -> dict[str, Any]:
+        """``stops``, those in force (members without stamps read only them), and ``sv``."""
+        in_force = [list(stop) for stop in self.stops.in_force()]
+        return {"stops": in_force, "sv": self.stops.wire()}
+
+    def _merge_stops(self, message: dict[str, Any]) -> bool:
+        """Take the newer stamps of a state or a member's change; whether this
+        member knows something newer than the message (to say again)."""
+        if "sv" not in message:  # a member without stamps: its list as it is
+            self.gateway.replace_admin_stops([(v, q) for v, q in message["stops"]])
+            return False
+        ahead = self.stops.merge(message["sv"])
+        self.gateway.replace_admin_stops(self.stops.in_force())
+        return ahead
 
     def definitions_changed(self, vhost: str) -> None:
         """A declare, bind or delete went through here: the others refresh."""
@@ -305,7 +326,8 @@ class ClusterNode:
             self.gateway.holds_changed({key[0] for key in promoted})
         if now - self._hello_sent >= self.lease / 2:
             self._hello_sent = now
-            hello = {"t": "hello", "m": self.member, "e": self.book.epoch, **self._describe()}
+            epoch = max(self.epoch, self.book.epoch, self.seen_epoch)
+            hello = {"t": "hello", "m": self.member, "e": epoch, **self._describe()}
             self.bus.send(hello, to="owner")
             self.bus.send(hello, to="all")
         for request in self.book.requests(now):
@@ -350,6 +372,8 @@ class ClusterNode:
     def _dispatch(self, message: dict[str, Any], to_owner: bool) -> None:
         kind = message["t"]
         now = self._monotonic()
+        if "e" in message:  # hellos too: a member may never have had a state yet
+            self.seen_epoch = max(self.seen_epoch, int(message["e"]))
         if to_owner and not self.owner:
             self._become_owner(now)
         if kind == "hello":
@@ -377,15 +401,11 @@ class ClusterNode:
                 self._refresh_soon()
         elif kind == "stops":
             if message["m"] != self.member:
-                self._apply_stops(message["stops"])
+                self._merge_stops(message)
         elif kind == "thr" and message["m"] != self.member:
             key, thresholds = read_thresholds(message)
             self.gateway.load_runtime_thresholds({key: thresholds})
             self.book.governed(key)
-
-    def _apply_stops(self, stops: list[list[str | None]]) -> None:
-        self._stops_seen = True
-        self.gateway.replace_admin_stops([(stop[0], stop[1]) for stop in stops])
 
     def _granted(self, message: dict[str, Any], now: float) -> None:
         key, grant = read_grant(self.member, message)
@@ -409,8 +429,11 @@ class ClusterNode:
             flow = Flow.ON if key in on else Flow.OFF
             self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch), now)
         self.gateway.set_cluster_flow(on)
-        if not self._stops_seen:
-            self._apply_stops(message["stops"])
+        # The owner's stops are the cluster's: what a member missed (a lost
+        # message, a reconnect) is mended by the next state, and a change the
+        # owner has not taken yet is sent again.
+        if self._merge_stops(message):
+            self._send_stops()
         self._shared_depths(message)
 
     def _shared_depths(self, message: dict[str, Any]) -> None:
@@ -428,7 +451,8 @@ class ClusterNode:
         # Epochs only rise; a new owner grants nothing for one lease
         # (OwnerBook's ledgers start at ``now``), so every grant of its
         # predecessor has expired first.
-        self.epoch = max(self.epoch, self.book.epoch) + 1
+        # Above every epoch seen on the bus, so no two owners share one.
+        self.epoch = max(self.epoch, self.book.epoch, self.seen_epoch) + 1
         self.owner = True
         self.owner_id = self.member
         self.owner_book = OwnerBook(self.member, self.batch, self.lease, self.epoch, now)
@@ -453,13 +477,14 @@ class ClusterNode:
             return
         self._state_sent = now
         gateway = self.gateway
+        self.stops.note(gateway.admin_stop_keys())
         self.bus.send(
             {
                 "t": "state",
                 "m": self.member,
                 "e": self.epoch,
                 "on": [list(key) for key in gateway.flowed_queues()],
-                "stops": [list(stop) for stop in gateway.admin_stop_keys()],
+                **self._stops_fields(),
                 "d": depths or [],
             },
             to="all",
