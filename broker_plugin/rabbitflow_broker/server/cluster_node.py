@@ -196,9 +196,9 @@ class ClusterNode:
 
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
         now = self._monotonic()
-        self.book.flow(
-            key, FlowUpdate(queue_name(key), Flow.ON if stopped else Flow.OFF, self.epoch), now
-        )
+        update = FlowUpdate(queue_name(key), Flow.ON if stopped else Flow.OFF, self.epoch)
+        if self.book.flow(key, update, now):
+            self.gateway.holds_changed({key[0]})
         self._broadcast_state(now)
 
     def stops_changed(self) -> None:
@@ -425,10 +425,14 @@ class ClusterNode:
         if sender == self.member:
             return
         on = {(str(v), str(q)) for v, q in message["on"]}
+        released = set()
         for key in set(self.book.queues) | on:
             flow = Flow.ON if key in on else Flow.OFF
-            self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch), now)
+            if self.book.flow(key, FlowUpdate(queue_name(key), flow, epoch), now):
+                released.add(key[0])  # held publishes paid from allowance held
         self.gateway.set_cluster_flow(on)
+        if released:
+            self.gateway.holds_changed(released)
         # The owner's stops are the cluster's: what a member missed (a lost
         # message, a reconnect) is mended by the next state, and a change the
         # owner has not taken yet is sent again.
