@@ -161,10 +161,10 @@ async def test_a_delivery_in_several_body_frames_is_one_message(
 
 
 @pytest.mark.asyncio
-async def test_a_bus_that_hears_nothing_for_two_heartbeats_is_lost() -> None:
+async def test_a_bus_that_hears_nothing_for_four_heartbeats_is_lost() -> None:
     """RabbitMQ's side answers the login, sends heartbeats for a while, then
     goes silent (a cut cable sends no FIN): the bus closes the connection and
-    reports it lost after two heartbeat intervals (1 s each at a 2 s lease)."""
+    reports it lost after four heartbeat intervals (1 s each at a 2 s lease)."""
     lost = asyncio.Event()
     accepted: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
 
@@ -193,8 +193,8 @@ async def test_a_bus_that_hears_nothing_for_two_heartbeats_is_lost() -> None:
         assert bus.connected
         assert not lost.is_set()
         silent_from = loop.time()
-        await asyncio.wait_for(lost.wait(), 10)
-        assert loop.time() - silent_from >= 1.0  # not at the first missed beat
+        await asyncio.wait_for(lost.wait(), 15)
+        assert loop.time() - silent_from >= 3.0  # not at the first missed beats
         assert not bus.connected
     finally:
         await bus.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant, Request
+from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant
 from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.hub.config import GatewayConfig
@@ -148,32 +148,15 @@ def test_a_direct_reply_to_is_never_held_and_an_unknown_key_is_asked_about() -> 
 # -- a deleted queue ------------------------------------------------------------------
 
 
-def test_a_deleted_queue_leaves_no_allowance_or_hold_on_a_member() -> None:
+def test_a_queue_missing_from_a_snapshot_keeps_its_holds() -> None:
+    # The management snapshot of a node that is stopping may miss a queue
+    # for a moment, and the gateway takes it for deleted: its held publishes
+    # must stay held (freeing them would complete them without allowance).
     gateway, link, clock = _gateway()
     gateway.published("/", frozenset({"orders"}), 50)  # no allowance yet: held
     clock.now += 0.3
     link.book.tick(clock.now)
-    assert KEY in link.book.flowed
-    gateway.take_changes()
+    assert KEY in link.book.held
     gateway.queue_deleted(*KEY)
-    assert KEY not in link.book.queues
-    assert not link.book.held
-    assert not link.book.flowed
-    assert not gateway.is_blocked(*KEY)
-    assert gateway.calm
-    changes = gateway.take_changes()
-    assert changes is not None
-    assert changes.concerns("/")
-    assert not link.book.busy(clock.now + 2.0)
-
-
-def test_a_deleted_queue_leaves_no_grant_ledger_on_the_owner() -> None:
-    gateway, link, clock = _gateway(owner=True)
-    owner = link.owner_book = OwnerBook("m1", batch=100, lease=2.0, epoch=1, started_at=-2.0)
-    grant = owner.grant(KEY, Request("m2", NAME, clock.now), clock.now, on=False)
-    assert grant is not None
-    assert owner.outstanding(KEY) == 100
-    gateway.queue_deleted(*KEY)
-    assert KEY not in owner.ledgers
-    assert not owner.busy()
-    assert owner.expire(clock.now + 5.0) == {}  # nothing counted into a new queue
+    assert KEY in link.book.held
+    assert not gateway.calm

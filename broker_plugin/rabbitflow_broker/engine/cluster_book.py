@@ -325,15 +325,13 @@ class MemberBook:
                 changed.add(key)
         return changed
 
-    def forget(self, key: QueueKey) -> bool:
-        """The queue is gone: its allowance and holds go too; True when it was held."""
+    def forget(self, key: QueueKey) -> None:
+        """The queue is gone."""
         entry = self.queues.pop(key, None)
         if entry is not None:
             self._settle(entry, entry.last_publish)
-        held = key in self.held
         self.held.discard(key)
         self.flowed.discard(key)
-        return held
 
     def describe(self, now: float) -> list[dict[str, object]]:
         """Per queue: allowance left, debt, and whether held (for the admin API)."""
@@ -419,10 +417,6 @@ class OwnerBook:
             if expired:
                 out[key] = expired
         return out
-
-    def forget(self, key: QueueKey) -> None:
-        """The queue is gone: its grant ledger too."""
-        self.ledgers.pop(key, None)
 
     def outstanding(self, key: QueueKey) -> int:
         ledger = self.ledgers.get(key)

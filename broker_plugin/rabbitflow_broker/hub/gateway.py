@@ -244,8 +244,7 @@ class Gateway(AdminViewsMixin, Hub):
             self._rethreshold(key)
 
     def queue_deleted(self, vhost: str, name: str) -> None:
-        """RabbitMQ confirmed a queue delete; its runtime thresholds go too,
-        and in a cluster its allowance, holds and (owner) grant ledger."""
+        """RabbitMQ confirmed a queue delete; its runtime thresholds go too."""
         key = (vhost, name)
         if self.thresholds.deleted(key):
             self.runtime_forgotten(key)
@@ -254,10 +253,10 @@ class Gateway(AdminViewsMixin, Hub):
         self._shared.pop(key, None)
         self._stopped.discard(key)
         self._near.discard(key)
-        held = self._book is not None and self._book.forget(key)
-        if self.cluster is not None and self.cluster.owner_book is not None:
-            self.cluster.owner_book.forget(key)
-        if held or (machine is not None and machine.stopped):
+        # The cluster's books keep the queue: a snapshot that misses it for a
+        # moment (a node stopping) must not free its holds or reset the
+        # owner's count of it.
+        if machine is not None and machine.stopped:
             self.wake(vhost)
 
     def set_runtime_thresholds(

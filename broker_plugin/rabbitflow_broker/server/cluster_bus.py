@@ -20,9 +20,9 @@ RabbitMQ: it is sent, and read back, in several body frames.  The connection
 negotiates AMQP heartbeats of a quarter lease, so RabbitMQ ends the
 connection of a member that stops answering (``SIGSTOP``, a cut cable)
 after about half a lease and moves the owner queue on; and the member, by
-AMQP's same rule, takes the connection for lost when nothing (no frame, no
-heartbeat) came from RabbitMQ for two heartbeat intervals, so an owner cut
-off without a word steps down instead of granting on.
+AMQP's rule with a margin, takes the connection for lost when nothing (no
+frame, no heartbeat) came from RabbitMQ for four heartbeat intervals, so an
+owner cut off without a word steps down instead of granting on.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ _BASIC_DELIVER = (60 << 16) | 60
 _CONNECTION_CLOSE = (10 << 16) | 50
 _CHANNEL_CLOSE = (20 << 16) | 40
 _CHANNEL = 1
+#: Heartbeat intervals without a frame from RabbitMQ after which the bus is lost:
+#: AMQP says two, but RabbitMQ may leave up to two between its heartbeats, and a
+#: busy loop reads late; a false alarm moves the owner, so leave a margin.
+_SILENT_BEATS = 4
 _OWNER_TAG = "owner"
 _MEMBER_TAG = "member"
 
@@ -155,7 +159,7 @@ class ControlBus:
             raise
         beat = max(1, round(self._lease / 4))
         self._tasks = [
-            asyncio.create_task(self._read_loop(2 * beat), name="cluster-bus-read"),
+            asyncio.create_task(self._read_loop(_SILENT_BEATS * beat), name="cluster-bus-read"),
             asyncio.create_task(self._heartbeat_loop(beat), name="cluster-bus-heartbeat"),
         ]
 
