@@ -123,19 +123,24 @@ def _service(request: web.Request) -> GatewayService:
 
 
 def _names(request: web.Request) -> tuple[str, str]:
-    # aiohttp leaves %2F encoded inside a path segment; decode it ourselves.
-    return unquote(request.match_info["vhost"]), unquote(request.match_info["name"])
+    """The vhost and queue of ``/api/queues/{vhost}/{name}...``, each decoded once.
+
+    From the raw path: aiohttp versions differ in what of a segment they
+    decode (``%2F`` kept or not), and decoding their result again turns a
+    name holding ``%41`` into another queue's (``A``)."""
+    parts = request.rel_url.raw_parts  # ("/", "api", "queues", vhost, name, ...)
+    return unquote(parts[3]), unquote(parts[4])
 
 
 class _ManagementSilent(Exception):
-    """The management API did not answer within the admin API's patience."""
+    """The management API did not answer within the admin API's patience, or failed."""
 
 
 async def _known(service: GatewayService, vhost: str, name: str) -> bool:
     """Whether the queue exists; asks RabbitMQ about queues the gateway has not seen.
 
     Raises:
-        _ManagementSilent: RabbitMQ did not answer in time.
+        _ManagementSilent: RabbitMQ did not answer in time, or its answer was an error.
     """
     gateway = service.gateway
     if gateway.knows_queue(vhost, name):
@@ -148,8 +153,11 @@ async def _known(service: GatewayService, vhost: str, name: str) -> bool:
             f"queue {name!r} in vhost {vhost!r} is not known to the gateway and the "
             f"management API did not answer within {ADMIN_MANAGEMENT_TIMEOUT_S:g} s"
         ) from None
-    except ManagementError:
-        return False
+    except ManagementError as exc:
+        raise _ManagementSilent(
+            f"queue {name!r} in vhost {vhost!r} is not known to the gateway and the "
+            f"management API failed: {exc}"
+        ) from None
     if item is None:
         return False
     arguments = item.get("arguments")

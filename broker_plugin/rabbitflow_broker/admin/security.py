@@ -158,6 +158,7 @@ class LoginThrottle:
         self.limit = limit
         self.window = window
         self._failures: dict[str, list[float]] = {}
+        self._checking: dict[str, int] = {}  # logins of each address being checked now
 
     def _recent(self, peer: str, now: float) -> list[float]:
         times = [t for t in self._failures.get(peer, ()) if t > now - self.window]
@@ -168,8 +169,20 @@ class LoginThrottle:
         return times
 
     def allowed(self, peer: str, now: float) -> bool:
-        """Whether ``peer`` may try to log in at ``now``."""
-        return len(self._recent(peer, now)) < self.limit
+        """Whether ``peer`` may try to log in at ``now``: its recent failures and
+        the logins of its being checked (each may fail) are under the limit, so
+        parallel guesses get no more than one after the other."""
+        return len(self._recent(peer, now)) + self._checking.get(peer, 0) < self.limit
+
+    def begin(self, peer: str) -> None:
+        """A login of ``peer`` is being checked (end it with :meth:`end`)."""
+        self._checking[peer] = self._checking.get(peer, 0) + 1
+
+    def end(self, peer: str) -> None:
+        """The check :meth:`begin` announced is over (record a failure apart)."""
+        left = self._checking.pop(peer, 1) - 1
+        if left:
+            self._checking[peer] = left
 
     def retry_after(self, peer: str, now: float) -> float:
         """Seconds until ``peer`` may try again (0 when it may now)."""
@@ -294,7 +307,12 @@ async def _auth_middleware(
     credentials = _credentials(request)
     if credentials is None:
         return _unauthorized("credentials required (HTTP basic)")
-    if not await authenticator.check(*credentials):
+    throttle.begin(peer)
+    try:
+        good = await authenticator.check(*credentials)
+    finally:
+        throttle.end(peer)
+    if not good:
         throttle.failed(peer, now)
         _log.warning("admin credentials refused", user=credentials[0], peer=request.remote)
         return _unauthorized("wrong user or password")

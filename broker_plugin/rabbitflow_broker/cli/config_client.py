@@ -136,6 +136,8 @@ def _http_error(method: str, path: str, exc: urllib.error.HTTPError) -> CliError
     except ValueError:
         body = None
     detail = body.get("error") if isinstance(body, dict) else None
+    if exc.code == 403 and detail:  # not the credentials: e.g. a Host the API does not serve
+        return CliError(f"the gateway admin API refused the request (403): {detail}")
     if exc.code in (401, 403):
         return CliError(
             f"the gateway admin API refused the credentials ({exc.code}); "

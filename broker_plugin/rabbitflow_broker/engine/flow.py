@@ -35,6 +35,7 @@ from rabbitflow_broker.events import QueueOverfull, QueueUnderfull
 
 __all__ = [
     "ARGUMENT_NAMES",
+    "MAX_THRESHOLD",
     "FlowInput",
     "FlowState",
     "IllegalTransition",
@@ -60,6 +61,10 @@ ARGUMENT_NAMES: Final = (STOP_COUNT, RESUME_COUNT, STOP_SIZE, RESUME_SIZE)
 ThresholdsSource = Literal["arguments", "runtime", "default", "none"]
 
 
+#: The largest threshold: AMQP's signed long-long, what a queue argument carries.
+MAX_THRESHOLD = (1 << 63) - 1
+
+
 class ThresholdError(UsageError, ValueError):
     """A threshold value is refused; the message names the argument."""
 
@@ -73,13 +78,16 @@ def check_value(name: str, value: object) -> int:
     """``value`` as a threshold named ``name``.
 
     Raises:
-        ThresholdError: not a non-negative integer.
+        ThresholdError: not an integer in 0 .. 2**63-1 (AMQP's long-long, the
+            largest count or size a queue argument can carry).
     """
     # bool is an int subclass; True as a threshold is a client bug, not 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ThresholdError(name, f"must be a non-negative integer, got {value!r}")
     if value < 0:
         raise ThresholdError(name, f"must be a non-negative integer, got {value}")
+    if value > MAX_THRESHOLD:
+        raise ThresholdError(name, f"must be at most {MAX_THRESHOLD}, got {len(str(value))} digits")
     return value
 
 
