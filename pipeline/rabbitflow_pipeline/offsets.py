@@ -203,7 +203,8 @@ def _observe_file(
 ) -> Observed | None:
     """``path`` as it is now, or None when it is not a regular file (or is gone)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # Non-blocking, so a FIFO among the inputs cannot hang the step.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (FileNotFoundError, IsADirectoryError):
         return None  # renamed or removed since it was listed: seen under its new name, if any
     try:

@@ -128,6 +128,14 @@ def test_a_compressed_rotated_log_is_left_out_with_a_warning(
     assert "events.jsonl.2.gz: compressed, not read" in caplog.text
 
 
+def test_a_fifo_among_the_inputs_is_passed_over_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_bytes(b"a\n")
+    os.mkfifo(tmp_path / "events.jsonl.pipe")
+    os.mkdir(tmp_path / "events.jsonl.d")
+    reads, _ = step([], str(tmp_path / "events.jsonl*"))
+    assert ranges(reads) == {"events.jsonl": (0, 2)}
+
+
 def test_one_file_under_two_names_is_read_once(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"a\nb\n")
