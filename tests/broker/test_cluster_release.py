@@ -1,6 +1,7 @@
 """What a cluster member holds, and when it lets go: a queue turning OFF
 pays held publishes from the allowance already held; a publish routed to no
-queue is never held; a deleted queue leaves no allowance, hold or ledger."""
+queue is never held; a queue missing from a snapshot keeps its holds; a new
+owner starts from the depth its predecessor broadcast."""
 
 from __future__ import annotations
 
@@ -160,3 +161,27 @@ def test_a_queue_missing_from_a_snapshot_keeps_its_holds() -> None:
     gateway.queue_deleted(*KEY)
     assert KEY in link.book.held
     assert not gateway.calm
+
+
+# -- a new owner -----------------------------------------------------------------------
+
+
+def test_a_new_owner_starts_from_the_depth_its_predecessor_broadcast() -> None:
+    # Another member owned the queue and broadcast a depth of 15 (past the
+    # stop threshold of 10), counting every member's traffic; this member
+    # published none of it.  Taking over, it must not judge on its own 0.
+    gateway, link, _clock = _gateway()
+    gateway.shared_depths({KEY: (15, 1500, 1)})
+    assert gateway.depth.get(KEY).messages == 0
+    link.owner = True
+    gateway.take_ownership()
+    assert gateway.depth.get(KEY).messages == 15
+    assert gateway.queue_on(KEY)
+    # A count of its own that is higher stays as it is.
+    other, other_link, _ = _gateway()
+    for _ in range(3):
+        other.published("/", frozenset({"orders"}), 10)
+    other.shared_depths({KEY: (1, 10, 0)})
+    other_link.owner = True
+    other.take_ownership()
+    assert other.depth.get(KEY).messages == 3

@@ -74,14 +74,17 @@ def test_the_owners_flow_state_is_shown_whatever_the_members_own_depth() -> None
     assert _shown(gateway)[2] is False
 
 
-def test_the_owner_shows_its_own_count_and_publishes_it() -> None:
+def test_a_new_owner_counts_on_from_its_predecessors_broadcast() -> None:
+    # The predecessor counted every member's traffic: 42 messages, past the
+    # stop threshold.  The new owner counts on from there (its own publish
+    # makes 43), so the queue stays flowed; its flowStoppedCount is its own.
     gateway, member = _member_gateway()
     gateway.shared_depths({KEY: (42, 4200, 3)})
     member.owner = True
     gateway.take_ownership()
     gateway.published("/", frozenset({"orders"}), 100)
-    assert _shown(gateway) == (1, 100, False, 0)
-    assert gateway.depth_view(KEY) == (1, 100, 0)
+    assert _shown(gateway) == (43, 4300, True, 1)
+    assert gateway.depth_view(KEY) == (43, 4300, 1)
     assert gateway.depth_view(("/", "unknown")) == (0, 0, 0)
 
 

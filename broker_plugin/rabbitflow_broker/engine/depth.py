@@ -99,6 +99,15 @@ class DepthTracker:
         depth.changed_at = now
         return depth
 
+    def raise_to(self, key: QueueKey, messages: int, size: int, now: float) -> QueueDepth:
+        """At least ``messages`` and ``size`` bytes: a count known to be no lower
+        (a cluster owner's last broadcast, taken over by its successor)."""
+        depth = self.get(key)
+        more, more_bytes = messages - depth.messages, size - depth.bytes
+        if more > 0 or more_bytes > 0:
+            return self.add(key, max(0, more), max(0, more_bytes), now)
+        return depth
+
     def purge(self, key: QueueKey, purged: int, now: float) -> QueueDepth:
         """RabbitMQ purged ``purged`` ready messages; bytes shrink in proportion."""
         depth = self.get(key)

@@ -4,12 +4,11 @@
 per-queue threshold machines, the runtime thresholds and the event sink.
 Connections (one engine and driver per client connection) report what they
 relay; the gateway updates depth, runs the machines and emits events.  It
-never calls into a connection: what changed in blocking (queues that went
-ON or OFF, vhosts whose producers may be freed) accumulates as
-:class:`Changes`, :attr:`Gateway.on_change` tells the driver that some are
-pending, and the driver takes them (:meth:`Gateway.take_changes`) and
-re-checks the concerned connections' held confirms and flowed channels
-later, outside any change and outside any engine call.
+never calls into a connection: what changed in blocking (queues ON or OFF,
+vhosts whose producers may be freed) accumulates as :class:`Changes`, which
+the driver takes when :attr:`Gateway.on_change` says some are pending
+(:meth:`Gateway.take_changes`), to re-check the connections concerned later,
+outside any change and any engine call.
 
 Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
 blocked while its flow is ON, while an administrator stopped its producers
@@ -508,8 +507,10 @@ class Gateway(AdminViewsMixin, Hub):
             changes.vhosts.update(key[0] for key in went_on | went_off)
 
     def take_ownership(self) -> None:
-        """This member now owns the accounting: its machines start from the
-        cluster's state as last broadcast, then judge the depth they see."""
+        """This member now owns the accounting: its depth starts from the owner's
+        last broadcast where higher (that owner counted every member's traffic)."""
+        for key, (messages, size, _count) in self._shared.items():
+            self.depth.raise_to(key, messages, size, self._monotonic())
         self._shared.clear()
         for key in list(self._flows):
             self._observe(key)
