@@ -105,13 +105,19 @@ def test_a_member_that_only_heard_hellos_becomes_owner_above_their_epoch() -> No
     assert grants[0]["g"] >> 32 == 2  # no id of epoch 1's owner
 
 
-def test_the_first_owner_waits_a_lease_too() -> None:
+def test_the_first_owner_grants_at_once_and_a_later_one_waits_a_lease() -> None:
     clock = Clock()
     first, _, sent = _sending("a", clock)
     first._dispatch({"t": "hello", "m": "a", "e": 0}, True)
     assert first.epoch == 1
     first._dispatch(_request("c", clock), True)
-    assert not [m for m in sent if m["t"] == "grant"]
+    assert [m for m in sent if m["t"] == "grant"]
+    later, _, later_sent = _sending("b", clock)
+    later._dispatch({"t": "hello", "m": "a", "e": 1}, False)  # it heard of epoch 1
+    later._dispatch({"t": "hello", "m": "b", "e": 1}, True)
+    assert later.epoch == 2
+    later._dispatch(_request("c", clock), True)
+    assert not [m for m in later_sent if m["t"] == "grant"]
 
 
 def test_every_state_sets_the_stops_a_member_missed() -> None:

@@ -189,10 +189,10 @@ class QueueOwner:
         return sum(g.remaining for g in self._grants.values())
 
     def granting(self, now: float) -> bool:
-        """Whether this owner may grant yet: a new owner waits one lease, the
-        first one too (no owner can tell it is the first: a member that has
-        just joined may not have heard of its predecessor yet)."""
-        return now - self.started_at >= self.lease
+        """Whether this owner may grant yet: a new owner waits one lease, but
+        for the first of the cluster (epoch 1: no member has heard of an owner
+        before, as every bus message carries the epoch its sender knows)."""
+        return now - self.started_at >= self.lease or self.epoch == 1
 
     def request(
         self, request: Request, now: float, *, sharers: int = 0
