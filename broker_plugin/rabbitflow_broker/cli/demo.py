@@ -60,6 +60,7 @@ from rabbitflow_broker.cli.demo_workers import (
     _with_credentials,
 )
 from rabbitflow_broker.events import Event
+from rabbitflow_broker.hub.config import without_password
 from rabbitflow_broker.server.rabbitmq_node import (
     RabbitMQNode,
     amqp_handshake_ok,
@@ -448,14 +449,6 @@ def _summary(printer: _Printer, result: DemoResult) -> None:
     printer.plain(f"  result                {'OK' if result.ok else '; '.join(result.problems)}")
 
 
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
-
-
 def wait_for_gateway(url: str, timeout_s: float, *, interval_s: float = 0.5) -> bool:
     """Whether the gateway at the AMQP ``url`` answers a handshake within
     ``timeout_s`` (retried every ``interval_s``; a container starting beside it
@@ -527,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
     if args.gateway_url and not wait_for_gateway(args.gateway_url, args.wait / 1000):
         print(
-            f"rabbitflow-demo: the gateway at {_without_password(args.gateway_url)} did not "
+            f"rabbitflow-demo: the gateway at {without_password(args.gateway_url)} did not "
             f"answer within {args.wait} ms",
             file=sys.stderr,
         )

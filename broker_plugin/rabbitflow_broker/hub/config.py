@@ -14,11 +14,18 @@ import os
 import re
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import SplitResult, unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from rabbitflow_broker.engine.errors import UsageError
 
-__all__ = ["LOG_LEVELS", "MAX_WORKERS", "ConfigError", "GatewayConfig", "parse_host_port"]
+__all__ = [
+    "LOG_LEVELS",
+    "MAX_WORKERS",
+    "ConfigError",
+    "GatewayConfig",
+    "parse_host_port",
+    "without_password",
+]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -350,9 +357,19 @@ def _split_url(option: str, url: str) -> SplitResult:
     except ValueError:  # not digits, or above 65535
         port = 0
     if port == 0:
-        shown = url.replace(f":{parts.password}@", ":***@") if parts.password else url
-        raise ConfigError(f"--{option}: the port of {shown!r} must be an integer in 1..65535")
+        raise ConfigError(
+            f"--{option}: the port of {without_password(url)!r} must be an integer in 1..65535"
+        )
     return parts
+
+
+def without_password(url: str) -> str:
+    """``url`` with its password, if any, shown as ``***`` (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
 
 
 def _base(url: str) -> str:
