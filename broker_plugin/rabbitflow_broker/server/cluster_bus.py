@@ -253,7 +253,8 @@ class ControlBus:
         try:
             while True:
                 try:
-                    data = await asyncio.wait_for(reader.read(65536), silence)
+                    async with asyncio.timeout(silence):  # no task per read, as wait_for makes
+                        data = await reader.read(65536)
                 except TimeoutError:
                     raise EOFError(f"nothing from RabbitMQ for {silence:g} s") from None
                 if not data:
