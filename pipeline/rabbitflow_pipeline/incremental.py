@@ -450,8 +450,8 @@ def _committed(
 def _staged(
     out: Path, event_paths: Sequence[str], client_paths: Sequence[str]
 ) -> tuple[Checkpoint, Mapping[str, Any]]:
-    """The last checkpoint and this step's manifest: staged now, or by a killed step."""
-    (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    """The last checkpoint and this step's manifest: staged now, or by a killed step
+    (``out``'s state directory exists: the step's lock is in it)."""
     cp = load_checkpoint(out)
     manifest = load_manifest(out, cp.batch + 1)
     clean(out, cp, keep_staging=cp.batch + 1 if manifest is not None else None)

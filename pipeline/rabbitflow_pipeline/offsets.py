@@ -49,6 +49,8 @@ _log = logging.getLogger(__name__)
 
 #: Names of compressed files, which a step does not read (see :func:`observe`).
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".snappy", ".deflate")
+#: Compressed files already warned about (see :func:`_files`).
+_WARNED: set[str] = set()
 
 #: How many leading bytes of a file identify it beside its inode.
 HEAD_BYTES = 1024
@@ -188,14 +190,16 @@ def _files(pattern: str, *, required: bool) -> list[str]:
             files.extend(str(Path(name, n).resolve()) for n in inside)
         else:
             files.append(str(Path(name).resolve()))
-    compressed = [f for f in files if f.endswith(COMPRESSED_SUFFIXES)]
-    for path in compressed:
+    kept = [f for f in files if not f.endswith(COMPRESSED_SUFFIXES)]
+    for path in set(files).difference(kept, _WARNED):
+        # Once per file and process: --follow looks at its inputs every trigger.
+        _WARNED.add(path)
         _log.warning(
             "%s: compressed, not read: offsets cannot be kept in it (its lines were read "
             "before it was compressed, if logrotate compresses with delaycompress)",
             path,
         )
-    return [f for f in files if not f.endswith(COMPRESSED_SUFFIXES)]
+    return kept
 
 
 def _observe_file(

@@ -126,6 +126,11 @@ def test_a_compressed_rotated_log_is_left_out_with_a_warning(
         reads, _ = step([], str(tmp_path / "events.jsonl*"))
     assert ranges(reads) == {"events.jsonl": (0, 2)}
     assert "events.jsonl.2.gz: compressed, not read" in caplog.text
+    caplog.clear()  # the next step (a --follow trigger) says it no more
+    with caplog.at_level("WARNING", logger="rabbitflow_pipeline.offsets"):
+        reads, _ = step([], str(tmp_path / "events.jsonl*"))
+    assert ranges(reads) == {"events.jsonl": (0, 2)}
+    assert "compressed" not in caplog.text
 
 
 def test_a_fifo_among_the_inputs_is_passed_over_without_blocking(tmp_path: Path) -> None:
