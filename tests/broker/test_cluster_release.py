@@ -8,10 +8,10 @@ from __future__ import annotations
 import datetime as dt
 
 from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Grant
-from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
-from rabbitflow_broker.engine.flow import Thresholds
+from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
+from tests.broker.cluster_link import QuietLink
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 KEY = ("/", "orders")
@@ -27,31 +27,17 @@ class Clock:
         return self.now
 
 
-class Link:
+class Link(QuietLink):
     """The hub's side of a cluster member: the flow changes the owner's hub
     decides reach its own book as ClusterNode.flow_changed passes them."""
 
     def __init__(self, clock: Clock, *, owner: bool) -> None:
-        self.owner = owner
-        self.book = MemberBook("m1", batch=100, lease=2.0)
-        self.owner_book: OwnerBook | None = None
+        super().__init__(owner=owner, batch=100)
         self.clock = clock
-
-    def kick(self) -> None:
-        pass
 
     def flow_changed(self, key: QueueKey, stopped: bool) -> None:
         update = FlowUpdate(NAME, Flow.ON if stopped else Flow.OFF, 1)
         self.book.flow(key, update, self.clock())
-
-    def stops_changed(self) -> None:
-        pass
-
-    def definitions_changed(self, vhost: str) -> None:
-        pass
-
-    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
-        pass
 
 
 def _gateway(*, owner: bool = False) -> tuple[Gateway, Link, Clock]:

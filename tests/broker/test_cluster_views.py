@@ -5,44 +5,19 @@ from __future__ import annotations
 
 import datetime as dt
 
-from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
-from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
+from tests.broker.cluster_link import QuietLink
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 KEY = ("/", "orders")
 
 
-class Member:
-    """The hub's side of a cluster member (the bus is not under test here)."""
-
-    def __init__(self) -> None:
-        self.owner = False
-        self.book = MemberBook("m1", batch=10, lease=2.0)
-        self.owner_book: OwnerBook | None = None
-
-    def kick(self) -> None:
-        pass
-
-    def flow_changed(self, key: QueueKey, stopped: bool) -> None:
-        pass
-
-    def stops_changed(self) -> None:
-        pass
-
-    def definitions_changed(self, vhost: str) -> None:
-        pass
-
-    def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
-        pass
-
-
-def _member_gateway() -> tuple[Gateway, Member]:
+def _member_gateway() -> tuple[Gateway, QuietLink]:
     gateway = Gateway(GatewayConfig(), sink=lambda event: None, clock=lambda: NOW)
     gateway.routing.declare_queue(*KEY, {})
     gateway.queue_declared(*KEY, {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5})
-    member = Member()
+    member = QuietLink()
     gateway.join_cluster(member)
     return gateway, member
 
