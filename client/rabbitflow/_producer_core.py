@@ -66,7 +66,7 @@ _FAILED = "Message send failed due to timeout waiting on broker enforced flow co
 _TIMEOUT = "Unable to send message for {seconds} seconds due to broker enforced flow control"
 _ENFORCED = "Broker enforced flow control has been enforced"
 _REMOVED = "Broker enforced flow control is no longer in effect"
-_TTL_MAX = (1 << 63) - 1  # ms; its expiration must fit an AMQP short string
+_TTL_MAX = (1 << 63) - 1  # ms: JMS's timeToLive is a Java long
 
 #: One publish: exchange, routing key, body, properties.
 Outgoing = tuple[str, str, bytes, WireProperties]
