@@ -219,7 +219,9 @@ class Connection(ConnectionBase):
         except JMSException:
             transport.close()
             raise
-        self._state.use(generation)
+        with self._cond:
+            self._state.use(generation)
+            self._block_early()
         return transport
 
     # ------------------------------------------------------------- public
@@ -247,6 +249,7 @@ class Connection(ConnectionBase):
             pumps_pending=self._pumps_pending,
             wait_usable=self._wait_usable,
             recovering_or_lost=self._recovering_or_lost,
+            transport_in_use=self._transport_in_use,
             open_channel=self._open_channel,
             post=self._post,
             call_later=self._call_later,
@@ -314,6 +317,10 @@ class Connection(ConnectionBase):
     def _recovering_or_lost(self) -> bool:
         return self._state.recovering or self._transport.lost
 
+    def _transport_in_use(self) -> int:
+        with self._cond:
+            return self._state.in_use
+
     def _report(self, error: JMSException) -> None:
         report(self._listener, error)
 
@@ -331,8 +338,22 @@ class Connection(ConnectionBase):
         transport = self._transport
         transport.post(lambda: transport.call_later(delay, fn))
 
-    def _register_producer(self, producer: ProducerControl[TransportChannel]) -> None:
+    def _register_producer(
+        self, producer: ProducerControl[TransportChannel], opened_on: int
+    ) -> bool:
+        """Register a new producer whose channel was opened on transport
+        ``opened_on`` (its generation).
+
+        False, registering nothing, when that transport is no longer in use
+        or the link is not open: a loss came after the channel opened, and
+        its recovery detaches and restores only the producers registered
+        before it; the caller opens another channel.  The session holds its
+        own lock around this call, so a restore sees the producer once the
+        connection has it.
+        """
         with self._cond:
+            if not (self._state.usable and self._state.is_current(opened_on)):
+                return False
             blocked = self._producers.add(producer)
         if blocked is not None:
             # Gated outside the lock (the producer takes its own): an unblock
@@ -343,6 +364,7 @@ class Connection(ConnectionBase):
                 unblocked = self._producers.blocked is None
             if unblocked:
                 producer.gate(GateEvent.UNBLOCKED, "")
+        return True
 
     def _unregister_producer(self, producer: ProducerControl[TransportChannel]) -> None:
         with self._cond:
@@ -356,8 +378,8 @@ class Connection(ConnectionBase):
     def _on_blocked(self, generation: int, reason: str) -> None:
         """connection.blocked: every producer waits."""
         with self._cond:
-            if not self._state.is_current(generation):
-                return
+            if not self._state.block_applies(generation, reason):
+                return  # kept if the transport is being opened; see _block_early
             producers = self._producers.block(reason)
         for producer in producers:
             producer.gate(GateEvent.BLOCKED, reason)
@@ -365,7 +387,7 @@ class Connection(ConnectionBase):
     def _on_unblocked(self, generation: int) -> None:
         """connection.unblocked: producers resume."""
         with self._cond:
-            if not self._state.is_current(generation):
+            if not self._state.block_applies(generation, None):
                 return
             producers = self._producers.unblock()
         for producer in producers:
@@ -387,6 +409,20 @@ class Connection(ConnectionBase):
                 target=self._recover, args=(error,), name=f"{self._name}-recovery", daemon=True
             )
             self._recovery_thread.start()
+
+    def _block_early(self) -> None:
+        """Under the lock, once a transport is put in use: block the connection
+        if the broker blocked that transport while it was being opened.
+
+        Before anything is restored on it, so that producers come back
+        blocked (DISCONNECTED_BLOCKED, then BLOCKED); told under the lock, so
+        that the transport's connection.unblocked, which now applies and waits
+        for the lock, cannot overtake the block.
+        """
+        reason = self._state.blocked_early()
+        if reason is not None:
+            for producer in self._producers.block(reason):
+                producer.gate(GateEvent.BLOCKED, reason)
 
     def _detach_all(self) -> None:
         """Put every producer and consumer back into "disconnected": producers
@@ -437,6 +473,7 @@ class Connection(ConnectionBase):
                     return
                 self._transport = transport
                 restores = list(self._sessions.values())
+                self._block_early()
             for restore in restores:
                 restore()
             with self._cond:

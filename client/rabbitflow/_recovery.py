@@ -21,7 +21,9 @@ next attempt starts.
 
 ``LinkState`` holds the machine with what goes with it: which transport is
 current, the error once recovery gave up, how often it recovered; both
-drivers feed it the same way.
+drivers feed it the same way.  It also keeps the connection.blocked of the
+transport being opened: the broker may send it as soon as the handshake
+ends, before the driver has that transport in use, and it holds from then on.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ class LinkState:
         self._link = LinkMachine()
         self._generation = 0  # of the newest transport
         self._current = 0  # of the transport in use
+        # connection.blocked's reason from a transport not yet in use, by generation
+        self._blocked_early: tuple[int, str] | None = None
         self.error: JMSException | None = None  # why recovery gave up
         self.reconnect_count = 0
 
@@ -187,9 +191,36 @@ class LinkState:
         """The first transport is open."""
         self._current = generation
 
+    @property
+    def in_use(self) -> int:
+        """The generation of the transport in use: a channel opened meanwhile
+        is on it as long as it stays in use (and the link open)."""
+        return self._current
+
     def is_current(self, generation: int) -> bool:
         """True for the events of the transport in use."""
         return generation == self._current
+
+    def block_applies(self, generation: int, reason: str | None) -> bool:
+        """connection.blocked (``reason``) or unblocked (None) from a transport:
+        True when it is the one in use (the driver tells the producers).  That
+        of the newest transport, still being opened, is kept until ``use`` or
+        ``connected`` put it in use (``blocked_early`` hands it over then);
+        that of an older one is ignored."""
+        if generation == self._current:
+            return True
+        if generation == self._generation:
+            self._blocked_early = None if reason is None else (generation, reason)
+        return False
+
+    def blocked_early(self) -> str | None:
+        """The reason the transport just put in use was blocked while it was
+        opened (None: it was not, or unblocked since); the driver blocks the
+        connection with it before restoring anything on that transport."""
+        early, self._blocked_early = self._blocked_early, None
+        if early is None or early[0] != self._current:
+            return None  # a transport that never came into use
+        return early[1]
 
     def lost(self, generation: int) -> Step | None:
         """A transport died; None when it was already replaced (or a failed attempt's)."""

@@ -42,6 +42,7 @@ __all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 R = TypeVar("R")
 
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, SESSION_TRANSACTED}
+_ATTEMPTS = 5  # of an operation that a connection loss interrupts
 
 
 class ConnectionControl(Protocol):
@@ -72,12 +73,14 @@ class SessionContext:
     pumps_pending: set[int]  # ids of producers whose pump is posted and has not run
     wait_usable: Callable[[], None]  # return when the connection is open
     recovering_or_lost: Callable[[], bool]
+    transport_in_use: Callable[[], int]  # its generation (see register_producer)
     open_channel: Callable[[ChannelHandler], TransportChannel]
     post: Callable[[Callable[[], None]], None]  # run on the I/O thread
     call_later: Callable[[float, Callable[[], None]], None]  # on the I/O thread
     report: Callable[[JMSException], None]  # to the exception listener
     started: Callable[[], bool]  # delivery to consumers is on
-    register_producer: Callable[[ProducerControl[TransportChannel]], None]
+    # a new producer, its channel opened on that transport: False when stale
+    register_producer: Callable[[ProducerControl[TransportChannel], int], bool]
     unregister_producer: Callable[[ProducerControl[TransportChannel]], None]
     flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
@@ -124,7 +127,7 @@ class Session(MessageFactory):
             ConnectionLostError: recovery gave up.
             JMSException: the broker refused.
         """
-        for _ in range(5):
+        for _ in range(_ATTEMPTS):
             self._context.wait_usable()
             try:
                 return fn()
@@ -210,12 +213,39 @@ class Session(MessageFactory):
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
-        channel = self._rpc(lambda: self._producer_channel(producer))
-        control.attach(channel)
-        with self._lock:
-            self._producers[producer] = control
-        self._context.register_producer(control)
+        self._open_producer(producer, control)
         return producer
+
+    def _open_producer(
+        self, producer: MessageProducer, control: ProducerControl[TransportChannel]
+    ) -> None:
+        """Give a new producer its channel and register it, on one transport.
+
+        A recovery restores the producers the connection has registered (the
+        loss detaches them) and the session holds (the restore re-opens their
+        channels).  So the session takes the producer in, under its lock (the
+        restore waits for it), only if the connection registers it on the
+        transport its channel was opened on, while open; else a loss came in
+        between and left it out: that channel is stale, open another.
+
+        Raises:
+            ConnectionLostError: the connection kept failing.
+        """
+        context = self._context
+        for _ in range(_ATTEMPTS):
+            opened_on, channel = self._rpc(
+                lambda: (context.transport_in_use(), self._producer_channel(producer))
+            )
+            control.attach(channel)
+            with self._lock:
+                if context.register_producer(control, opened_on):
+                    self._producers[producer] = control
+                    return
+                if self._producer_channels.get(producer.id) is channel:
+                    del self._producer_channels[producer.id]
+            channel.detach()  # its late events must not reach the producer
+            channel.close()
+        raise ConnectionLostError("connection kept failing while the producer was created")
 
     def _producer_context(self) -> ProducerContext:
         context = self._context

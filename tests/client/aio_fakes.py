@@ -4,7 +4,7 @@ Channel.Flow, connection.blocked, a lost connection)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,13 @@ class Broker:
     props: list[WireProperties] = field(default_factory=list)  # of each publish
     # transport index -> k: send connection.blocked just before its k-th channel open
     block_at_channel_open: dict[int, int] = field(default_factory=dict)
+    # transport indexes that send connection.blocked as their handshake ends
+    block_at_connect: set[int] = field(default_factory=set)
+    # (transport index, k) -> what to play just after its k-th channel opened,
+    # before the SDK has the channel
+    after_channel_open: dict[tuple[int, int], Callable[[], Awaitable[None]]] = field(
+        default_factory=dict
+    )
 
 
 class FakeAioChannel:
@@ -141,6 +148,8 @@ class FakeAioTransport:
         if self.broker.refuse_connects:
             self.broker.refuse_connects -= 1
             raise rabbitflow.ConnectionLostError("fake broker refuses")
+        if self.index in self.broker.block_at_connect:
+            self.emit_blocked()
 
     async def open_channel(self, handler: Any) -> FakeAioChannel:
         if not self.alive:
@@ -149,6 +158,9 @@ class FakeAioTransport:
             self.emit_blocked()
         channel = FakeAioChannel(self, handler)
         self.channels.append(channel)
+        play = self.broker.after_channel_open.pop((self.index, len(self.channels)), None)
+        if play is not None:
+            await play()
         return channel
 
     async def close(self) -> None:

@@ -92,6 +92,11 @@ class FakeBroker:
     lose_at_first_publish: set[int] = field(default_factory=set)
     # ... send connection.blocked just before its k-th channel open.
     block_at_channel_open: dict[int, int] = field(default_factory=dict)
+    # ... send connection.blocked as its handshake ends, before connect() returns.
+    block_at_connect: set[int] = field(default_factory=set)
+    # (transport index, k) -> what to play just after its k-th channel opened,
+    # before the SDK has the channel.
+    after_channel_open: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
     refusing: bool = False  # every later connect is refused
 
 
@@ -258,6 +263,8 @@ class FakeTransport:
         if self.fail_connect is not None:
             raise self.fail_connect
         self.connected = True
+        if self.index in self.broker.block_at_connect:
+            self.emit_blocked()
 
     @property
     def index(self) -> int:
@@ -273,6 +280,9 @@ class FakeTransport:
             self.emit_blocked()
         channel = FakeChannel(self, len(self.channels) + 1, handler)
         self.channels.append(channel)
+        play = self.broker.after_channel_open.pop((self.index, channel.number), None)
+        if play is not None:
+            play()
         return channel
 
     def post(self, fn: Callable[[], None]) -> None:

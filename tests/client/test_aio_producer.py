@@ -453,3 +453,50 @@ async def test_sends_blocked_together_log_their_warnings_a_few_per_loop_turn() -
         logger.removeHandler(handler)
     per_turn = [logged_in_turn.count(t) for t in set(logged_in_turn[:40])]
     assert max(per_turn) <= 8
+
+
+@pytest.mark.asyncio
+async def test_a_producer_created_across_a_loss_and_its_recovery_uses_the_new_connection() -> None:
+    # The connection drops, and recovery restores the session, after the
+    # producer's channel opened and before the producer is registered.
+    broker = Broker(queues={"orders"})
+    connection = await fake_factory(broker, FAST).create_connection()
+    session = connection.create_session()
+    queue = await session.create_queue("orders")
+
+    async def lose_and_recover() -> None:
+        broker.transports[0].emit_lost()
+        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    producer = await session.create_producer(queue)
+    await producer.send(session.create_text_message("after"))
+    await _until(lambda: bool(broker.published), "the send")
+    assert broker.published == [(1, b"after")]
+    channel = next(c for c in broker.transports[1].channels if c.handler is producer)
+    channel.emit_ack(1)
+    assert (producer.unconfirmed_count, producer.flow_state) == (0, "open")
+
+
+@pytest.mark.asyncio
+async def test_a_connection_blocked_as_the_new_transport_connects_holds_the_producers() -> None:
+    broker, connection, session, producer, _ = await _setup()
+    broker.block_at_connect.add(1)
+    broker.transports[0].emit_lost()
+    await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert connection.is_blocked
+    assert producer.flow_state == "blocked"
+    broker.transports[1].emit_unblocked()
+    assert producer.flow_state == "open"
+    await producer.send(session.create_text_message("after"))
+    await _until(lambda: _bodies(broker) == [b"after"], "the send after the unblock")
+
+
+@pytest.mark.asyncio
+async def test_a_connection_blocked_as_the_first_transport_connects_is_honoured() -> None:
+    broker = Broker(queues={"orders"}, block_at_connect={0})
+    connection = await fake_factory(broker, FAST).create_connection()
+    assert connection.is_blocked
+    session = connection.create_session()
+    producer = await session.create_producer(await session.create_queue("orders"))
+    assert producer.flow_state == "blocked"

@@ -111,3 +111,35 @@ def test_a_closed_link_neither_attempts_nor_counts_a_recovery() -> None:
     assert not state.recovered()
     with pytest.raises(IllegalStateError, match="closed"):
         state.check_usable()
+
+
+def test_a_block_of_the_transport_being_opened_waits_until_it_is_in_use() -> None:
+    state = LinkState()
+    state.use(state.new_transport())
+    state.lost(1)
+    state.attempt()
+    second = state.new_transport()
+    assert not state.block_applies(second, "memory")  # not in use yet: kept
+    assert state.connected(second)
+    assert state.blocked_early() == "memory"
+    assert state.blocked_early() is None  # handed over once
+    assert state.block_applies(second, None)
+
+
+def test_an_unblock_while_the_transport_is_opened_clears_its_block() -> None:
+    state = LinkState()
+    first = state.new_transport()
+    state.block_applies(first, "memory")
+    state.block_applies(first, None)
+    state.use(first)
+    assert state.blocked_early() is None
+
+
+def test_the_block_of_a_transport_that_never_came_into_use_is_dropped() -> None:
+    state = LinkState()
+    failed = state.new_transport()
+    state.block_applies(failed, "memory")
+    second = state.new_transport()
+    assert not state.block_applies(failed, "disk")  # a late event of the failed one
+    state.use(second)
+    assert state.blocked_early() is None

@@ -258,3 +258,91 @@ def test_a_producer_created_as_the_connection_is_unblocked_does_not_stay_blocked
     producer = session.create_producer(queue, capacity=2)
     assert not connection.is_blocked
     assert producer.flow_state == "open"
+
+
+def test_a_producer_created_across_a_loss_and_its_recovery_uses_the_new_connection() -> None:
+    # The connection drops, and recovery restores the session, after the
+    # producer's channel opened and before the producer is registered: the
+    # loss could not detach it nor the restore re-open it.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    session = connection.create_session()
+    queue = session.create_queue("orders")
+    first = h.transport
+
+    def lose_and_recover() -> None:
+        first.emit_lost()
+        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    h.broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    producer = session.create_producer(queue, capacity=2)
+    producer.send(session.create_text_message("after"))
+    second = h.broker.transports[1]
+    assert [p.body for p in h.broker.published] == [b"after"]
+    channel = next(c for c in second.channels if c.handler is producer)
+    assert h.broker.published[0].channel == channel.number
+    channel.emit_ack(1)
+    assert (producer.unconfirmed_count, producer.flow_state) == (0, "open")
+
+
+def test_a_producer_created_as_the_connection_is_lost_opens_its_channel_on_the_new_one() -> None:
+    # The loss comes after the producer's channel opened and before it is
+    # registered, while recovery runs on its own thread: whichever wins, the
+    # producer ends up with a channel on the new connection.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    session = connection.create_session()
+    queue = session.create_queue("orders")
+    first = h.transport
+    h.broker.after_channel_open[(0, 2)] = first.emit_lost
+    producer = session.create_producer(queue, capacity=2)
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    producer.send(session.create_text_message("after"))
+    assert [p.body for p in h.broker.published] == [b"after"]
+    assert any(c.handler is producer for c in h.broker.transports[1].channels)
+    assert producer.flow_state == "open"
+
+
+def test_a_connection_blocked_as_the_new_transport_connects_blocks_the_producers() -> None:
+    # The broker may send connection.blocked as soon as the handshake ends:
+    # before recovery has put the new transport in use.
+    h = make_harness()
+    connection, pairs = _producers(h, 2)
+    h.broker.block_at_connect.add(1)
+    h.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert connection.is_blocked
+    assert [producer.flow_state for _, producer in pairs] == ["blocked", "blocked"]
+    session, producer = pairs[0]
+    h.transport.emit_unblocked()
+    assert not connection.is_blocked
+    assert [producer.flow_state for _, producer in pairs] == ["open", "open"]
+    producer.send(session.create_text_message("after"))
+    assert h.broker.published[-1].body == b"after"
+
+
+def test_a_connection_blocked_as_the_first_transport_connects_is_honoured() -> None:
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    h.broker.block_at_connect.add(0)
+    connection = h.factory.create_connection()
+    assert connection.is_blocked
+    session = connection.create_session()
+    producer = session.create_producer(session.create_queue("orders"), capacity=2)
+    assert producer.flow_state == "blocked"
+    h.transport.emit_unblocked()
+    assert producer.flow_state == "open"
+
+
+def test_a_connection_blocked_by_a_failed_attempt_does_not_block_the_next_one() -> None:
+    h = make_harness()
+    connection, pairs = _producers(h, 1)
+    h.broker.block_at_connect.add(1)
+    h.broker.lose_at_channel_open[1] = 1  # the attempt dies restoring
+    h.transport.emit_lost()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    assert len(h.broker.transports) == 3
+    assert not connection.is_blocked
+    assert pairs[0][1].flow_state == "open"

@@ -172,6 +172,7 @@ class Connection(ConnectionBase):
                 continue
             self._transport = transport
             self._state.use(generation)
+            self._block_early()
             return
         raise all_failed(errors)
 
@@ -196,6 +197,7 @@ class Connection(ConnectionBase):
             usable=lambda: self._state.usable,
             wait_usable=self._wait_usable,
             recovering_or_lost=self._recovering_or_lost,
+            transport_in_use=lambda: self._state.in_use,
             open_channel=self._open_channel,
             report=self._report,
             started=lambda: self._started,
@@ -256,24 +258,42 @@ class Connection(ConnectionBase):
     async def _open_channel(self, handler: ChannelHandler) -> AioChannel:
         return await self._transport.open_channel(handler)
 
-    def _register_producer(self, producer: ProducerControl[AioChannel]) -> None:
+    def _register_producer(self, producer: ProducerControl[AioChannel], opened_on: int) -> bool:
+        """Register a new producer whose channel was opened on transport
+        ``opened_on``; False, registering nothing, when that transport is no
+        longer in use or the link is not open: a loss came while the channel
+        was opened, and its recovery left the producer out (the caller opens
+        another channel)."""
+        if not (self._state.usable and self._state.is_current(opened_on)):
+            return False
         blocked = self._producers.add(producer)
         if blocked is not None:
             producer.gate(GateEvent.BLOCKED, blocked)
+        return True
 
     def _session_closed(self, session: Session) -> None:
         self._sessions.pop(session, None)
 
     # ------------------------------------------------- transport events
     def _on_blocked(self, generation: int, reason: str) -> None:
-        if self._state.is_current(generation):
+        # Kept if the transport is being opened: see _block_early.
+        if self._state.block_applies(generation, reason):
             for producer in self._producers.block(reason):
                 producer.gate(GateEvent.BLOCKED, reason)
 
     def _on_unblocked(self, generation: int) -> None:
-        if self._state.is_current(generation):
+        if self._state.block_applies(generation, None):
             for producer in self._producers.unblock():
                 producer.gate(GateEvent.UNBLOCKED, "")
+
+    def _block_early(self) -> None:
+        """Once a transport is put in use, before anything is restored on it:
+        block the connection if the broker blocked that transport while it
+        was being opened (producers come back blocked)."""
+        reason = self._state.blocked_early()
+        if reason is not None:
+            for producer in self._producers.block(reason):
+                producer.gate(GateEvent.BLOCKED, reason)
 
     def _on_lost(self, generation: int, error: ConnectionLostError) -> None:
         step = self._state.lost(generation)
@@ -315,6 +335,7 @@ class Connection(ConnectionBase):
                 await transport.close()
                 return
             self._transport = transport
+            self._block_early()
             for restore in list(self._sessions.values()):
                 await restore()
             self._state.restored()

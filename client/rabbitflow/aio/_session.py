@@ -40,6 +40,7 @@ __all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 
 R = TypeVar("R")
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE}
+_ATTEMPTS = 5  # of an operation that a connection loss interrupts
 
 
 class ConnectionControl(Protocol):
@@ -69,10 +70,12 @@ class SessionContext:
     usable: Callable[[], bool]  # the connection is open (not recovering)
     wait_usable: Callable[[], Awaitable[None]]  # suspend until it is
     recovering_or_lost: Callable[[], bool]
+    transport_in_use: Callable[[], int]  # its generation (see register_producer)
     open_channel: Callable[[ChannelHandler], Awaitable[AioChannel]]
     report: Callable[[JMSException], None]  # to the exception listener
     started: Callable[[], bool]  # delivery to consumers is on
-    register_producer: Callable[[ProducerControl[AioChannel]], None]
+    # a new producer, its channel opened on that transport: False when stale
+    register_producer: Callable[[ProducerControl[AioChannel], int], bool]
     unregister_producer: Callable[[ProducerControl[AioChannel]], None]
     flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
@@ -105,7 +108,7 @@ class Session(MessageFactory):
 
     async def _rpc(self, fn: Callable[[], Awaitable[R]]) -> R:
         """Run a broker operation, riding out a connection recovery."""
-        for _ in range(5):
+        for _ in range(_ATTEMPTS):
             await self._context.wait_usable()
             try:
                 return await fn()
@@ -174,11 +177,38 @@ class Session(MessageFactory):
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
-        channel = await self._rpc(lambda: self._producer_channel(producer))
-        control.attach(channel)
-        self._producers[producer] = control
-        self._context.register_producer(control)
+        await self._open_producer(producer, control)
         return producer
+
+    async def _open_producer(
+        self, producer: MessageProducer, control: ProducerControl[AioChannel]
+    ) -> None:
+        """Give a new producer its channel and register it, on one transport.
+
+        A recovery restores the producers the connection has registered and
+        the session holds; a loss while the channel was opened would leave
+        this one out.  So the session takes it in (no await in between) only
+        if the connection registers it on the transport its channel was
+        opened on, while open; else that channel is stale: open another.
+
+        Raises:
+            ConnectionLostError: the connection kept failing.
+        """
+        context = self._context
+
+        async def open_channel() -> tuple[int, AioChannel]:
+            opened_on = context.transport_in_use()
+            return opened_on, await self._producer_channel(producer)
+
+        for _ in range(_ATTEMPTS):
+            opened_on, channel = await self._rpc(open_channel)
+            control.attach(channel)
+            if context.register_producer(control, opened_on):
+                self._producers[producer] = control
+                return
+            channel.detach()  # its late events must not reach the producer
+            await channel.close()
+        raise ConnectionLostError("connection kept failing while the producer was created")
 
     def _producer_context(self) -> ProducerContext:
         context = self._context
