@@ -34,7 +34,7 @@ from ._producer_core import ProducerControl
 from ._properties import ClientConfig, default_url
 from ._recovery import LinkState
 from ._session import Session, SessionContext, open_session
-from ._session_core import AUTO_ACKNOWLEDGE
+from ._session_core import AUTO_ACKNOWLEDGE, ConsumerControl
 from ._tls import tls_context
 from ._transport import ChannelHandler, PikaTransport, TransportChannel, TransportListener
 
@@ -257,6 +257,7 @@ class Connection(ConnectionBase):
             started=lambda: self._started,
             register_producer=self._register_producer,
             unregister_producer=self._unregister_producer,
+            register_consumer=self._register_consumer,
             flow=self._flow,
             closed=self._session_closed,
         )
@@ -352,7 +353,7 @@ class Connection(ConnectionBase):
         connection has it.
         """
         with self._cond:
-            if not (self._state.usable and self._state.is_current(opened_on)):
+            if not self._state.holds(opened_on):
                 return False
             blocked = self._producers.add(producer)
         if blocked is not None:
@@ -369,6 +370,23 @@ class Connection(ConnectionBase):
     def _unregister_producer(self, producer: ProducerControl[TransportChannel]) -> None:
         with self._cond:
             self._producers.remove(producer)
+
+    def _register_consumer(
+        self, consumer: ConsumerControl[TransportChannel], app_acks: bool, opened_on: int
+    ) -> bool:
+        """Register a new consumer whose channel was opened on transport
+        ``opened_on`` with the flow accounting (which starts it consuming).
+
+        False, registering nothing, as for a producer (``_register_producer``).
+        Under the lock, so that a loss's detach, which comes after the link
+        state saw the loss, sees the consumer registered (the flow book takes
+        its own lock under this one, never the other way round).
+        """
+        with self._cond:
+            if not self._state.holds(opened_on):
+                return False
+            self._flow.register(consumer, app_acks)
+        return True
 
     def _session_closed(self, session: Session) -> None:
         with self._cond:

@@ -201,6 +201,14 @@ class LinkState:
         """True for the events of the transport in use."""
         return generation == self._current
 
+    def holds(self, opened_on: int) -> bool:
+        """True when a channel opened on transport ``opened_on`` (``in_use``
+        then) is still on the transport in use, and the link open: a new
+        producer or consumer registered with it now is one that a later loss
+        detaches and its recovery restores.  False: a loss came after the
+        channel opened, and its recovery left it out."""
+        return self._link.usable and opened_on == self._current
+
     def block_applies(self, generation: int, reason: str | None) -> bool:
         """connection.blocked (``reason``) or unblocked (None) from a transport:
         True when it is the one in use (the driver tells the producers).  That

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,6 +83,9 @@ class SessionContext:
     # a new producer, its channel opened on that transport: False when stale
     register_producer: Callable[[ProducerControl[TransportChannel], int], bool]
     unregister_producer: Callable[[ProducerControl[TransportChannel]], None]
+    # a new consumer (app_acks: the application acknowledges), its channel
+    # opened on that transport: False when stale, else it starts consuming
+    register_consumer: Callable[[ConsumerControl[TransportChannel], bool, int], bool]
     flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
 
@@ -135,6 +139,37 @@ class Session(MessageFactory):
                 if not self._context.recovering_or_lost():
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
+
+    def _on_one_transport(
+        self,
+        open_channel: Callable[[], TransportChannel],
+        attach: Callable[[TransportChannel], None],
+        take_in: Callable[[int], bool],
+    ) -> None:
+        """Give a new producer or consumer its channel and register it, on
+        one transport.
+
+        A recovery restores what the connection has registered (the loss
+        detaches it) and the session holds (the restore re-opens its
+        channels).  So ``take_in(opened_on)`` runs under the session lock
+        (the restore waits for it) and takes it in only if the connection
+        registers it on the transport its channel was opened on, while open;
+        else (False, forgetting that channel) a loss came in between and left
+        it out: the channel is stale, open another.
+
+        Raises:
+            ConnectionLostError: the connection kept failing.
+        """
+        context = self._context
+        for _ in range(_ATTEMPTS):
+            opened_on, channel = self._rpc(lambda: (context.transport_in_use(), open_channel()))
+            attach(channel)
+            with self._lock:
+                if take_in(opened_on):
+                    return
+            channel.detach()  # its late events must not reach the producer or consumer
+            channel.close()
+        raise ConnectionLostError("connection kept failing while creating a producer or consumer")
 
     def _admin(self) -> TransportChannel:
         with self._lock:
@@ -213,39 +248,16 @@ class Session(MessageFactory):
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
-        self._open_producer(producer, control)
+
+        def take_in(opened_on: int) -> bool:
+            if self._context.register_producer(control, opened_on):
+                self._producers[producer] = control
+                return True
+            del self._producer_channels[producer.id]  # stale
+            return False
+
+        self._on_one_transport(lambda: self._producer_channel(producer), control.attach, take_in)
         return producer
-
-    def _open_producer(
-        self, producer: MessageProducer, control: ProducerControl[TransportChannel]
-    ) -> None:
-        """Give a new producer its channel and register it, on one transport.
-
-        A recovery restores the producers the connection has registered (the
-        loss detaches them) and the session holds (the restore re-opens their
-        channels).  So the session takes the producer in, under its lock (the
-        restore waits for it), only if the connection registers it on the
-        transport its channel was opened on, while open; else a loss came in
-        between and left it out: that channel is stale, open another.
-
-        Raises:
-            ConnectionLostError: the connection kept failing.
-        """
-        context = self._context
-        for _ in range(_ATTEMPTS):
-            opened_on, channel = self._rpc(
-                lambda: (context.transport_in_use(), self._producer_channel(producer))
-            )
-            control.attach(channel)
-            with self._lock:
-                if context.register_producer(control, opened_on):
-                    self._producers[producer] = control
-                    return
-                if self._producer_channels.get(producer.id) is channel:
-                    del self._producer_channels[producer.id]
-            channel.detach()  # its late events must not reach the producer
-            channel.close()
-        raise ConnectionLostError("connection kept failing while the producer was created")
 
     def _producer_context(self) -> ProducerContext:
         context = self._context
@@ -311,7 +323,7 @@ class Session(MessageFactory):
 
             queue = self._rpc(check)
         elif isinstance(destination, Topic):
-            queue = self._rpc(lambda: self._subscribe(destination, ""))
+            queue = ""  # its private subscription's, declared with its channel
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         return self._start_consumer(*open_consumer(self._consumer_context(), destination, queue))
@@ -358,14 +370,30 @@ class Session(MessageFactory):
     def _start_consumer(
         self, consumer: MessageConsumer, control: ConsumerControl[TransportChannel]
     ) -> MessageConsumer:
-        channel = self._rpc(lambda: self._consumer_channel(consumer))
-        control.attach(channel)
-        with self._lock:
-            self._consumers[control] = consumer
-        self._context.flow.register(
-            control, self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
-        )
+        """Give a new consumer its channel and register it, which starts it
+        consuming, on one transport (``_on_one_transport``)."""
+        app_acks = self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
+
+        def take_in(opened_on: int) -> bool:
+            if self._context.register_consumer(control, app_acks, opened_on):
+                self._consumers[control] = consumer
+                return True
+            del self._channels[consumer.id]  # stale
+            return False
+
+        open_channel = functools.partial(self._new_consumer_channel, consumer, control)
+        self._on_one_transport(open_channel, control.attach, take_in)
         return consumer
+
+    def _new_consumer_channel(
+        self, consumer: MessageConsumer, control: ConsumerControl[TransportChannel]
+    ) -> TransportChannel:
+        """The consumer's channel on a transport it had none on; a private
+        subscription to a topic gets its queue there first (exclusive, the
+        one it had went with its transport)."""
+        if consumer.is_topic and consumer.subscription is None:
+            control.resubscribed(self._subscribe(Topic(consumer.destination.name), ""))
+        return self._consumer_channel(consumer)
 
     def _consumer_channel(self, consumer: MessageConsumer) -> TransportChannel:
         channel = self._context.open_channel(consumer)
@@ -555,9 +583,7 @@ class Session(MessageFactory):
         for producer, producer_control in producers:
             producer_control.attach(self._producer_channel(producer))
         for control, consumer in consumers:
-            if consumer.is_topic and consumer.subscription is None:
-                control.resubscribed(self._subscribe(Topic(consumer.destination.name), ""))
-            control.attach(self._consumer_channel(consumer))
+            control.attach(self._new_consumer_channel(consumer, control))
             self._context.flow.reset(control.id)
 
 

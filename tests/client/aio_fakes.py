@@ -26,6 +26,7 @@ class Broker:
     refuse_connects: int = 0  # the next N connects fail
     down: set[str] = field(default_factory=set)  # URLs that refuse connects
     props: list[WireProperties] = field(default_factory=list)  # of each publish
+    bindings: list[tuple[str, str]] = field(default_factory=list)  # (queue, exchange)
     # transport index -> k: send connection.blocked just before its k-th channel open
     block_at_channel_open: dict[int, int] = field(default_factory=dict)
     # transport indexes that send connection.blocked as their handshake ends
@@ -47,6 +48,7 @@ class FakeAioChannel:
         self.acks: list[tuple[int, bool]] = []
         self.prefetch: list[int] = []
         self.consuming = False
+        self.consumed: list[str] = []  # the queue of each basic.consume
         self.batches: list[int] = []  # size of each publish_many
 
     async def confirm_select(self) -> None:
@@ -57,6 +59,7 @@ class FakeAioChannel:
     ) -> tuple[str, int, int]:
         if passive and name not in self.transport.broker.queues:
             raise InvalidDestinationError(f"404 no queue {name}")
+        name = name or f"amq.gen-{len(self.transport.broker.queues)}"
         self.transport.broker.queues.add(name)
         return name, 0, 0
 
@@ -64,7 +67,7 @@ class FakeAioChannel:
         pass
 
     async def queue_bind(self, queue: str, exchange: str, routing_key: str) -> None:
-        pass
+        self.transport.broker.bindings.append((queue, exchange))
 
     async def queue_delete(self, queue: str) -> None:
         self.transport.broker.queues.discard(queue)
@@ -88,6 +91,7 @@ class FakeAioChannel:
 
     def basic_consume_nowait(self, queue: str) -> None:
         self.consuming = True
+        self.consumed.append(queue)
 
     def basic_cancel_nowait(self, on_ok: Callable[[], None] | None = None) -> None:
         self.consuming = False

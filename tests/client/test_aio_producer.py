@@ -500,3 +500,60 @@ async def test_a_connection_blocked_as_the_first_transport_connects_is_honoured(
     session = connection.create_session()
     producer = await session.create_producer(await session.create_queue("orders"))
     assert producer.flow_state == "blocked"
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_created_across_a_loss_and_its_recovery_uses_the_new_connection() -> None:
+    # The connection drops, and recovery restores the session, after the
+    # consumer's channel opened and before the consumer is registered.
+    broker = Broker(queues={"orders"})
+    connection = await fake_factory(broker, FAST).create_connection()
+    connection.start()
+    session = connection.create_session()
+    queue = await session.create_queue("orders")
+
+    async def lose_and_recover() -> None:
+        broker.transports[0].emit_lost()
+        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    consumer = await session.create_consumer(queue)
+    consuming = [c for c in broker.transports[1].channels if c.handler is consumer]
+    assert len(consuming) == 1
+    assert consuming[0].consumed == ["orders"]
+    stale = broker.transports[0].channels[1]
+    assert stale.handler is not consumer  # its late deliveries reach nobody
+    assert stale.closed
+    consuming[0].emit_deliver(1, b"after")
+    message = await consumer.receive(0)
+    assert isinstance(message, rabbitflow.TextMessage)
+    assert message.text == "after"
+
+
+@pytest.mark.asyncio
+async def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_connection() -> None:
+    # A private subscription's queue is exclusive: it goes with the
+    # connection it was declared on, so the consumer needs a new one.
+    broker = Broker()
+    connection = await fake_factory(broker, FAST).create_connection()
+    connection.start()
+    session = connection.create_session()
+    topic = await session.create_topic("prices")
+    first = broker.transports[0]
+    bound_before_recovery: list[int] = []
+
+    async def lose_and_recover() -> None:
+        first.emit_lost()
+        for queue, _ in broker.bindings:  # the broker deletes the exclusive queue
+            broker.queues.discard(queue)
+        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+        bound_before_recovery.append(len(broker.bindings))
+
+    broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the next one
+    consumer = await session.create_consumer(topic)
+    consuming = [c for c in broker.transports[1].channels if c.handler is consumer]
+    assert len(consuming) == 1
+    queue = consumer.queue_name
+    assert consuming[0].consumed == [queue]
+    assert queue in broker.queues
+    assert (queue, "prices") in broker.bindings[bound_before_recovery[0] :]

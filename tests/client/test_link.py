@@ -143,3 +143,18 @@ def test_the_block_of_a_transport_that_never_came_into_use_is_dropped() -> None:
     assert not state.block_applies(failed, "disk")  # a late event of the failed one
     state.use(second)
     assert state.blocked_early() is None
+
+
+def test_a_channel_is_held_only_while_its_transport_stays_in_use_and_open() -> None:
+    state = LinkState()
+    state.use(state.new_transport())
+    opened_on = state.in_use
+    assert state.holds(opened_on)
+    state.lost(opened_on)
+    assert not state.holds(opened_on)  # recovering: the loss left it out
+    state.attempt()
+    second = state.new_transport()
+    state.connected(second)
+    state.restored()
+    assert state.holds(second)
+    assert not state.holds(opened_on)  # the old transport's channel is stale

@@ -346,3 +346,80 @@ def test_a_connection_blocked_by_a_failed_attempt_does_not_block_the_next_one() 
     assert len(h.broker.transports) == 3
     assert not connection.is_blocked
     assert pairs[0][1].flow_state == "open"
+
+
+def test_a_consumer_created_across_a_loss_and_its_recovery_uses_the_new_connection() -> None:
+    # The connection drops, and recovery restores the session, after the
+    # consumer's channel opened and before the consumer is registered: the
+    # restore could not re-open it, so it would consume on the dead channel.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    connection.start()
+    session = connection.create_session()
+    queue = session.create_queue("orders")
+    first = h.transport
+
+    def lose_and_recover() -> None:
+        first.emit_lost()
+        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    h.broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    consumer = session.create_consumer(queue)
+    consuming = [c for c in h.broker.transports[1].channels if c.handler is consumer]
+    assert len(consuming) == 1
+    assert ("consume", "orders") in consuming[0].calls
+    stale = first.channels[1]
+    assert stale.detached  # its late deliveries reach nobody
+    assert stale.closed
+    consuming[0].emit_deliver(1, b"after")
+    message = consumer.receive_no_wait()
+    assert isinstance(message, rabbitflow.TextMessage)
+    assert message.text == "after"
+
+
+def test_a_consumer_created_as_the_connection_is_lost_opens_its_channel_on_the_new_one() -> None:
+    # The loss comes after the consumer's channel opened and before it is
+    # registered, while recovery runs on its own thread: whichever wins, the
+    # consumer ends up consuming on the new connection.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    connection.start()
+    session = connection.create_session()
+    queue = session.create_queue("orders")
+    first = h.transport
+    h.broker.after_channel_open[(0, 2)] = first.emit_lost
+    consumer = session.create_consumer(queue)
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    consuming = [c for c in h.broker.transports[1].channels if c.handler is consumer]
+    assert len(consuming) == 1
+    assert ("consume", "orders") in consuming[0].calls
+
+
+def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_connection() -> None:
+    # A private subscription's queue is exclusive: it goes with the
+    # connection it was declared on, so the consumer needs a new one.
+    h = make_harness()
+    connection = h.factory.create_connection()
+    connection.start()
+    session = connection.create_session()
+    topic = session.create_topic("prices")
+    first = h.transport
+    bound_before_recovery: list[int] = []
+
+    def lose_and_recover() -> None:
+        first.emit_lost()
+        for queue, *_ in h.broker.bindings:  # the broker deletes the exclusive queue
+            h.broker.queues.pop(queue, None)
+        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+        bound_before_recovery.append(len(h.broker.bindings))
+
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the next one
+    consumer = session.create_consumer(topic)
+    consuming = [c for c in h.broker.transports[1].channels if c.handler is consumer]
+    assert len(consuming) == 1
+    queue = consumer.queue_name
+    assert ("consume", queue) in consuming[0].calls
+    assert queue in h.broker.queues
+    assert (queue, "prices", "#") in h.broker.bindings[bound_before_recovery[0] :]

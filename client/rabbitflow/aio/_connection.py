@@ -34,7 +34,7 @@ from .._flow import GateEvent
 from .._producer_core import ProducerControl
 from .._properties import ClientConfig, default_url
 from .._recovery import LinkState
-from .._session_core import AUTO_ACKNOWLEDGE
+from .._session_core import AUTO_ACKNOWLEDGE, ConsumerControl
 from .._tls import tls_context
 from .._transport_base import ChannelHandler, TransportListener
 from ._session import Session, SessionContext, open_session
@@ -203,6 +203,7 @@ class Connection(ConnectionBase):
             started=lambda: self._started,
             register_producer=self._register_producer,
             unregister_producer=self._producers.remove,
+            register_consumer=self._register_consumer,
             flow=self._flow,
             closed=self._session_closed,
         )
@@ -264,11 +265,22 @@ class Connection(ConnectionBase):
         longer in use or the link is not open: a loss came while the channel
         was opened, and its recovery left the producer out (the caller opens
         another channel)."""
-        if not (self._state.usable and self._state.is_current(opened_on)):
+        if not self._state.holds(opened_on):
             return False
         blocked = self._producers.add(producer)
         if blocked is not None:
             producer.gate(GateEvent.BLOCKED, blocked)
+        return True
+
+    def _register_consumer(
+        self, consumer: ConsumerControl[AioChannel], app_acks: bool, opened_on: int
+    ) -> bool:
+        """Register a new consumer whose channel was opened on transport
+        ``opened_on`` with the flow accounting (which starts it consuming);
+        False, registering nothing, as for a producer."""
+        if not self._state.holds(opened_on):
+            return False
+        self._flow.register(consumer, app_acks)
         return True
 
     def _session_closed(self, session: Session) -> None:

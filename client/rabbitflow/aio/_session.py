@@ -77,6 +77,9 @@ class SessionContext:
     # a new producer, its channel opened on that transport: False when stale
     register_producer: Callable[[ProducerControl[AioChannel], int], bool]
     unregister_producer: Callable[[ProducerControl[AioChannel]], None]
+    # a new consumer (app_acks: the application acknowledges), its channel
+    # opened on that transport: False when stale, else it starts consuming
+    register_consumer: Callable[[ConsumerControl[AioChannel], bool, int], bool]
     flow: ConsumerFlowBook  # the consumers' flow accounting
     closed: Callable[[Session], None]  # the session closed
 
@@ -116,6 +119,40 @@ class Session(MessageFactory):
                 if not self._context.recovering_or_lost():
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
+
+    async def _on_one_transport(
+        self,
+        open_channel: Callable[[], Awaitable[AioChannel]],
+        attach: Callable[[AioChannel], None],
+        take_in: Callable[[int], bool],
+    ) -> None:
+        """Give a new producer or consumer its channel and register it, on
+        one transport.
+
+        A recovery restores what the connection has registered and the
+        session holds; a loss while the channel was opened would leave this
+        one out.  So ``take_in(opened_on)`` (no await between the channel's
+        opening and it) takes it in only if the connection registers it on
+        the transport its channel was opened on, while open; else (False)
+        that channel is stale: open another.
+
+        Raises:
+            ConnectionLostError: the connection kept failing.
+        """
+        context = self._context
+
+        async def opened() -> tuple[int, AioChannel]:
+            opened_on = context.transport_in_use()
+            return opened_on, await open_channel()
+
+        for _ in range(_ATTEMPTS):
+            opened_on, channel = await self._rpc(opened)
+            attach(channel)
+            if take_in(opened_on):
+                return
+            channel.detach()  # its late events must not reach the producer or consumer
+            await channel.close()
+        raise ConnectionLostError("connection kept failing while creating a producer or consumer")
 
     async def _admin(self) -> AioChannel:
         channel = self._admin_channel
@@ -177,38 +214,16 @@ class Session(MessageFactory):
         if destination is not None and not isinstance(destination, Queue | Topic):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
-        await self._open_producer(producer, control)
-        return producer
 
-    async def _open_producer(
-        self, producer: MessageProducer, control: ProducerControl[AioChannel]
-    ) -> None:
-        """Give a new producer its channel and register it, on one transport.
-
-        A recovery restores the producers the connection has registered and
-        the session holds; a loss while the channel was opened would leave
-        this one out.  So the session takes it in (no await in between) only
-        if the connection registers it on the transport its channel was
-        opened on, while open; else that channel is stale: open another.
-
-        Raises:
-            ConnectionLostError: the connection kept failing.
-        """
-        context = self._context
-
-        async def open_channel() -> tuple[int, AioChannel]:
-            opened_on = context.transport_in_use()
-            return opened_on, await self._producer_channel(producer)
-
-        for _ in range(_ATTEMPTS):
-            opened_on, channel = await self._rpc(open_channel)
-            control.attach(channel)
-            if context.register_producer(control, opened_on):
+        def take_in(opened_on: int) -> bool:
+            if self._context.register_producer(control, opened_on):
                 self._producers[producer] = control
-                return
-            channel.detach()  # its late events must not reach the producer
-            await channel.close()
-        raise ConnectionLostError("connection kept failing while the producer was created")
+                return True
+            return False
+
+        open_channel = functools.partial(self._producer_channel, producer)
+        await self._on_one_transport(open_channel, control.attach, take_in)
+        return producer
 
     def _producer_context(self) -> ProducerContext:
         context = self._context
@@ -260,7 +275,7 @@ class Session(MessageFactory):
 
             queue = await self._rpc(check)
         elif isinstance(destination, Topic):
-            queue = await self._rpc(lambda: self._subscribe(destination, ""))
+            queue = ""  # its private subscription's, declared with its channel
         else:
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         return await self._start_consumer(
@@ -294,11 +309,29 @@ class Session(MessageFactory):
     async def _start_consumer(
         self, consumer: MessageConsumer, control: ConsumerControl[AioChannel]
     ) -> MessageConsumer:
-        channel = await self._rpc(lambda: self._context.open_channel(consumer))
-        control.attach(channel)
-        self._consumers[control] = consumer
-        self._context.flow.register(control, self.acknowledge_mode == CLIENT_ACKNOWLEDGE)
+        """Give a new consumer its channel and register it, which starts it
+        consuming, on one transport (``_on_one_transport``)."""
+        app_acks = self.acknowledge_mode == CLIENT_ACKNOWLEDGE
+
+        def take_in(opened_on: int) -> bool:
+            if self._context.register_consumer(control, app_acks, opened_on):
+                self._consumers[control] = consumer
+                return True
+            return False
+
+        open_channel = functools.partial(self._new_consumer_channel, consumer, control)
+        await self._on_one_transport(open_channel, control.attach, take_in)
         return consumer
+
+    async def _new_consumer_channel(
+        self, consumer: MessageConsumer, control: ConsumerControl[AioChannel]
+    ) -> AioChannel:
+        """The consumer's channel on a transport it had none on; a private
+        subscription to a topic gets its queue there first (exclusive, the
+        one it had went with its transport)."""
+        if consumer.is_topic and consumer.subscription is None:
+            control.resubscribed(await self._subscribe(Topic(consumer.destination.name), ""))
+        return await self._context.open_channel(consumer)
 
     async def _consumer_closed(self, consumer: ConsumerControl[AioChannel]) -> None:
         self._consumers.pop(consumer, None)
@@ -388,9 +421,7 @@ class Session(MessageFactory):
         for producer, producer_control in list(self._producers.items()):
             producer_control.attach(await self._producer_channel(producer))
         for control, consumer in list(self._consumers.items()):
-            if consumer.is_topic and consumer.subscription is None:
-                control.resubscribed(await self._subscribe(Topic(consumer.destination.name), ""))
-            control.attach(await self._context.open_channel(consumer))
+            control.attach(await self._new_consumer_channel(consumer, control))
             self._context.flow.reset(control.id)
 
 
