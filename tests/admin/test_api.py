@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rabbitflow_broker.server.persistence import FileThresholdStore
 from rabbitflow_broker.server.service import GatewayService
-from tests.admin.conftest import Serve
+from tests.admin.conftest import FakeVhosts, Serve, seen_vhosts
+
+#: A management API address where nothing listens (refused at once).
+NO_MANAGEMENT = "http://127.0.0.1:9"
 
 
 @pytest.mark.asyncio
@@ -15,6 +21,7 @@ async def test_stop_producers_of_one_queue_blocks_that_queue(
     make_service: Callable[..., GatewayService], serve: Serve
 ) -> None:
     service = make_service()
+    seen_vhosts(service, "/")
     async with serve(service) as client:
         response = await client.post("/api/producers/stop", json={"vhost": "/", "queue": "q"})
         body = await response.json()
@@ -45,6 +52,7 @@ async def test_start_producers_lifts_the_matching_stop(
     make_service: Callable[..., GatewayService], serve: Serve
 ) -> None:
     service = make_service()
+    seen_vhosts(service, "/")
     async with serve(service) as client:
         await client.post("/api/producers/stop", json={"vhost": "/"})
         response = await client.post("/api/producers/start", json={"vhost": "/"})
@@ -52,6 +60,93 @@ async def test_start_producers_lifts_the_matching_stop(
 
     assert body["stops"] == []
     assert not service.gateway.is_blocked("/", "q")
+
+
+@pytest.mark.parametrize(
+    "body", [{"vhost": "no-such-vhost"}, {"vhost": "no-such-vhost", "queue": "q"}]
+)
+@pytest.mark.asyncio
+async def test_stop_producers_of_a_vhost_rabbitmq_lacks_is_404_and_stores_nothing(
+    make_service: Callable[..., GatewayService],
+    serve: Serve,
+    vhost_management: tuple[FakeVhosts, str],
+    tmp_path: Path,
+    body: dict[str, Any],
+) -> None:
+    _, url = vhost_management
+    state = tmp_path / "state.json"
+    service = make_service(management_url=url, state_file=str(state))
+    async with serve(service) as client:
+        response = await client.post("/api/producers/stop", json=body)
+        answer = await response.json()
+
+    assert (response.status, answer) == (404, {"error": "vhost 'no-such-vhost' not found"})
+    assert service.gateway.admin_stops() == []
+    assert await FileThresholdStore(state).load_stops() == []
+
+
+@pytest.mark.asyncio
+async def test_stop_producers_of_a_vhost_only_rabbitmq_has_seen_is_accepted(
+    make_service: Callable[..., GatewayService],
+    serve: Serve,
+    vhost_management: tuple[FakeVhosts, str],
+) -> None:
+    """A vhost created since the gateway's last routing snapshot."""
+    fake, url = vhost_management
+    fake.vhosts.add("billing")
+    service = make_service(management_url=url)
+    async with serve(service) as client:
+        response = await client.post("/api/producers/stop", json={"vhost": "billing"})
+
+    assert response.status == 200
+    assert service.gateway.admin_stops() == [{"vhost": "billing", "queue": None}]
+
+
+@pytest.mark.asyncio
+async def test_stop_producers_of_an_unseen_vhost_is_503_while_the_management_api_fails(
+    make_service: Callable[..., GatewayService], serve: Serve
+) -> None:
+    service = make_service(management_url=NO_MANAGEMENT)
+    async with serve(service) as client:
+        response = await client.post("/api/producers/stop", json={"vhost": "billing"})
+        answer = await response.json()
+
+    assert response.status == 503
+    assert answer["error"].startswith(
+        "vhost 'billing' is not known to the gateway and the management API failed"
+    )
+    assert service.gateway.admin_stops() == []
+
+
+@pytest.mark.asyncio
+async def test_stop_producers_of_a_vhost_in_the_routing_snapshot_needs_no_management_api(
+    make_service: Callable[..., GatewayService], serve: Serve
+) -> None:
+    service = make_service(management_url=NO_MANAGEMENT)
+    seen_vhosts(service, "/", "billing")
+    async with serve(service) as client:
+        response = await client.post("/api/producers/stop", json={"vhost": "billing"})
+
+    assert response.status == 200
+    assert service.gateway.is_blocked("billing", "q")
+
+
+@pytest.mark.asyncio
+async def test_start_producers_lifts_the_stop_of_a_vhost_deleted_since(
+    make_service: Callable[..., GatewayService],
+    serve: Serve,
+    vhost_management: tuple[FakeVhosts, str],
+) -> None:
+    fake, url = vhost_management
+    fake.vhosts.add("billing")
+    service = make_service(management_url=url)
+    async with serve(service) as client:
+        await client.post("/api/producers/stop", json={"vhost": "billing"})
+        fake.vhosts.discard("billing")
+        response = await client.post("/api/producers/start", json={"vhost": "billing"})
+
+    assert response.status == 200
+    assert service.gateway.admin_stops() == []
 
 
 @pytest.mark.parametrize(

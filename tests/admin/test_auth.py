@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from rabbitflow_broker.admin.api import ANONYMOUS, RabbitMQUsers, StaticUsers
 from rabbitflow_broker.server.service import GatewayService
-from tests.admin.conftest import Serve
+from tests.admin.conftest import Serve, seen_vhosts
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -107,7 +107,9 @@ async def test_static_users_compare_passwords_exactly() -> None:
 async def test_mutating_call_is_audited_with_the_user(
     make_service: Callable[..., GatewayService], serve: Serve
 ) -> None:
-    async with serve(_users_service(make_service)) as client:
+    service = _users_service(make_service)
+    seen_vhosts(service, "/")
+    async with serve(service) as client:
         with capture_logs() as logs:
             response = await client.post("/api/producers/stop", json={"vhost": "/"}, headers=ALICE)
 

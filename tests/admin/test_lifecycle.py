@@ -23,7 +23,7 @@ from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.server.persistence import FileThresholdStore
 from rabbitflow_broker.server.service import GatewayService, OutageLog, loop_exception_handler
 from rabbitflow_broker.server.service_io import DescriptorWatch
-from tests.admin.conftest import Serve
+from tests.admin.conftest import Serve, seen_vhosts
 
 JSON = {"Content-Type": "application/json"}
 
@@ -119,6 +119,20 @@ async def test_queue_lookup_answers_503_when_the_management_api_is_silent(
 
 
 @pytest.mark.asyncio
+async def test_producer_stop_of_an_unseen_vhost_answers_503_when_the_management_api_is_silent(
+    make_service: Callable[..., GatewayService], serve: Serve, silent_management: str
+) -> None:
+    service = make_service(management_url=silent_management)
+    async with serve(service) as client:
+        response = await client.post("/api/producers/stop", json={"vhost": "billing"})
+        body = await response.json()
+
+    assert response.status == 503
+    assert "did not answer" in body["error"]
+    assert service.gateway.admin_stops() == []
+
+
+@pytest.mark.asyncio
 async def test_ready_endpoint_reports_the_reason_until_ready(
     make_service: Callable[..., GatewayService], serve: Serve
 ) -> None:
@@ -140,6 +154,7 @@ async def test_producer_stop_is_written_to_the_state_file(
     make_service: Callable[..., GatewayService], serve: Serve, tmp_path: Path
 ) -> None:
     service = make_service(state_file=str(tmp_path / "state.json"))
+    seen_vhosts(service, "/", "billing")
     async with serve(service) as client:
         await client.post("/api/producers/stop", json={"vhost": "/", "queue": "q"})
         await client.post("/api/producers/stop", json={"vhost": "billing"})

@@ -11,6 +11,7 @@ from rabbitflow_broker.engine.flow import ARGUMENT_NAMES, ThresholdError, Thresh
 from rabbitflow_broker.events import ALL_QUEUES, Event, QueueOverfull, QueueUnderfull
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
+from tests.broker.cluster_link import QuietLink
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 STOP_10 = {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
@@ -390,6 +391,38 @@ def test_runtime_stop_on_a_queue_without_count_thresholds_gets_a_resume() -> Non
     gateway.queue_declared("/", "q", None)  # default size thresholds only
     thresholds = gateway.set_runtime_thresholds("/", "q", {"flowStopCount": 5})
     assert thresholds.resume_count == 4
+
+
+class _RecordingLink(QuietLink):
+    """A quiet cluster link that keeps the thresholds the hub shares."""
+
+    def __init__(self) -> None:
+        super().__init__(owner=True)
+        self.shared: list[Thresholds] = []
+
+    def thresholds_changed(self, key: tuple[str, str], thresholds: Thresholds) -> None:
+        self.shared.append(thresholds)
+
+
+def test_runtime_thresholds_reach_the_cluster_with_an_unset_resume_left_unset() -> None:
+    """Each member derives the resume itself, so a later stop alone re-derives it there."""
+    gateway, _ = _gateway()
+    link = _RecordingLink()
+    gateway.join_cluster(link)
+    gateway.queue_declared("/", "q", None)  # default size thresholds only
+    in_force = gateway.set_runtime_thresholds("/", "q", {"flowStopCount": 1000})
+    shared = link.shared[0]
+    assert (in_force.resume_count, in_force.resume_size > 0) == (875, True)
+    assert (shared.stop_count, shared.resume_count, shared.resume_size) == (1000, 0, 0)
+
+
+def test_a_member_given_a_stop_alone_derives_its_resume_and_rederives_it_for_a_new_stop() -> None:
+    member, _ = _gateway()
+    member.queue_declared("/", "q", None)
+    member.load_runtime_thresholds({("/", "q"): Thresholds(stop_count=1000)})
+    derived = member.flow(("/", "q")).thresholds.resume_count
+    raised = member.set_runtime_thresholds("/", "q", {"flowStopCount": 2000})
+    assert (derived, raised.resume_count) == (875, 1750)
 
 
 def test_runtime_thresholds_on_a_stream_are_refused() -> None:

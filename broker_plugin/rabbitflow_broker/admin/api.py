@@ -10,6 +10,8 @@ Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
   stops in force and the number of held confirms;
 * ``POST /api/producers/stop`` and ``/start`` with an optional JSON body
   ``{"vhost": ..., "queue": ...}`` (no body, ``{}`` or nulls: everything);
+  a stop of a vhost RabbitMQ does not have is 404 (a start always lifts
+  the stop with the same scope, if any);
 * ``GET /api/ready``: 200 ``{"ready": true}`` once the gateway has its
   first routing snapshot, else 503 with the reason clients are refused;
 * ``GET /api/runtime``: the process's resident memory, open file
@@ -21,8 +23,10 @@ Routes (vhosts URL-encoded in paths, ``%2F`` for ``/``):
 
 Errors are JSON ``{"error": "..."}`` with 400 (bad request, refused
 threshold, malformed JSON), 401 (credentials), 403 (a request a browser
-could have been tricked into sending), 404 (unknown queue) or 429 (too
-many failed logins).
+could have been tricked into sending), 404 (unknown queue or vhost), 429
+(too many failed logins) or 503 (a queue or vhost the gateway has not seen,
+and RabbitMQ's management API did not answer or failed: it is not known
+whether it exists).
 
 What a web page cannot make a browser do (CSRF, DNS rebinding):
 
@@ -53,8 +57,8 @@ import asyncio
 import os
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote, unquote
 
 import structlog
 from aiohttp import web
@@ -136,6 +140,29 @@ class _ManagementSilent(Exception):
     """The management API did not answer within the admin API's patience, or failed."""
 
 
+_T = TypeVar("_T")
+
+
+async def _look_up(lookup: Awaitable[_T], unknown: str) -> _T:
+    """The management API's answer about ``unknown`` (what the gateway has not seen).
+
+    Raises:
+        _ManagementSilent: RabbitMQ did not answer in time, or its answer was an error.
+    """
+    try:
+        async with asyncio.timeout(ADMIN_MANAGEMENT_TIMEOUT_S):
+            return await lookup
+    except TimeoutError:
+        raise _ManagementSilent(
+            f"{unknown} is not known to the gateway and the management API did not "
+            f"answer within {ADMIN_MANAGEMENT_TIMEOUT_S:g} s"
+        ) from None
+    except ManagementError as exc:
+        raise _ManagementSilent(
+            f"{unknown} is not known to the gateway and the management API failed: {exc}"
+        ) from None
+
+
 async def _known(service: GatewayService, vhost: str, name: str) -> bool:
     """Whether the queue exists; asks RabbitMQ about queues the gateway has not seen.
 
@@ -145,19 +172,9 @@ async def _known(service: GatewayService, vhost: str, name: str) -> bool:
     gateway = service.gateway
     if gateway.knows_queue(vhost, name):
         return True
-    try:
-        async with asyncio.timeout(ADMIN_MANAGEMENT_TIMEOUT_S):
-            item = await service.management.queue(vhost, name)
-    except TimeoutError:
-        raise _ManagementSilent(
-            f"queue {name!r} in vhost {vhost!r} is not known to the gateway and the "
-            f"management API did not answer within {ADMIN_MANAGEMENT_TIMEOUT_S:g} s"
-        ) from None
-    except ManagementError as exc:
-        raise _ManagementSilent(
-            f"queue {name!r} in vhost {vhost!r} is not known to the gateway and the "
-            f"management API failed: {exc}"
-        ) from None
+    item = await _look_up(
+        service.management.queue(vhost, name), f"queue {name!r} in vhost {vhost!r}"
+    )
     if item is None:
         return False
     arguments = item.get("arguments")
@@ -167,6 +184,20 @@ async def _known(service: GatewayService, vhost: str, name: str) -> bool:
     if not gateway.routing.has_queue(vhost, name):
         gateway.routing.declare_queue(vhost, name, arguments)
     return True
+
+
+async def _vhost_known(service: GatewayService, vhost: str) -> bool:
+    """Whether the vhost exists: in the gateway's routing snapshot, else as RabbitMQ says.
+
+    Raises:
+        _ManagementSilent: RabbitMQ did not answer in time, or its answer was an error.
+    """
+    if service.gateway.routing.has_vhost(vhost):
+        return True
+    item = await _look_up(
+        service.management.get(f"/api/vhosts/{quote(vhost, safe='')}"), f"vhost {vhost!r}"
+    )
+    return item is not None
 
 
 async def list_queues(request: web.Request) -> web.Response:
@@ -215,7 +246,10 @@ async def put_flow(request: web.Request) -> web.Response:
         **thresholds.to_json(),
     )
     snapshot = service.gateway.snapshot(vhost, name).to_json()
-    warning = await _persist(service, service.store.save((vhost, name), thresholds))
+    # Stored as kept, not as in force: an unset resume stays 0, derived again
+    # from the stop value after a restart or a later change of the stop alone.
+    kept = service.gateway.runtime_thresholds(vhost, name)
+    warning = await _persist(service, service.store.save((vhost, name), kept))
     if warning is not None:
         # Applied but not durable: say so rather than pretend.
         snapshot["warning"] = warning
@@ -282,13 +316,21 @@ async def _scope(request: web.Request) -> tuple[str | None, str | None]:
 
 
 async def _producers(request: web.Request, action: str) -> web.Response:
-    gateway = _service(request).gateway
+    service = _service(request)
+    gateway = service.gateway
     try:
         vhost, queue = await _scope(request)
     except _BadScope as exc:
         # Answered, not raised as aiohttp's HTTPBadRequest: a raised response
         # keeps its traceback, whose frames refer back to it (a cycle per request).
         return _error(400, str(exc))
+    if action == "stop" and vhost is not None:
+        # Not for a start: it must lift a stop of a vhost deleted since.
+        try:
+            if not await _vhost_known(service, vhost):
+                return _error(404, f"vhost {vhost!r} not found")
+        except _ManagementSilent as exc:
+            return _error(503, str(exc))
     change = gateway.stop_producers if action == "stop" else gateway.start_producers
     try:
         change(vhost=vhost, queue=queue)
@@ -302,7 +344,6 @@ async def _producers(request: web.Request, action: str) -> web.Response:
         vhost=vhost,
         queue=queue,
     )
-    service = _service(request)
     answer: dict[str, Any] = {
         "action": action,
         "vhost": vhost,

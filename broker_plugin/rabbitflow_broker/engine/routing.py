@@ -370,6 +370,11 @@ class RoutingTable:
         """Whether the queue exists."""
         return vhost in self._vhosts and name in self._vhosts[vhost].queues
 
+    def has_vhost(self, vhost: str) -> bool:
+        """Whether the vhost exists: listed by the snapshot (even without a
+        queue or exchange of its own) or holding a declare relayed since."""
+        return vhost in self._vhosts
+
     def is_internal(self, vhost: str, name: str) -> bool:
         """Whether publishing to this exchange is refused because it is internal."""
         v = self._vhosts.get(vhost)

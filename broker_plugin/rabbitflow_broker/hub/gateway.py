@@ -261,19 +261,19 @@ class Gateway(AdminViewsMixin, Hub):
     def set_runtime_thresholds(
         self, vhost: str, name: str, changes: Mapping[str, object]
     ) -> Thresholds:
-        """Apply admin-API threshold changes (camelCase keys, any subset; see
-        :meth:`~rabbitflow_broker.hub.thresholds.ThresholdBook.set_runtime`).
+        """Apply admin-API threshold changes (:meth:`ThresholdBook.set_runtime
+        <rabbitflow_broker.hub.thresholds.ThresholdBook.set_runtime>`); returns those in force.
 
         Raises:
             ThresholdError: unknown key, bad value, or any threshold on a
                 stream, naming it.
         """
         key = (vhost, name)
-        thresholds = self.thresholds.set_runtime(key, changes, lambda: self.flow(key).thresholds)
+        kept = self.thresholds.set_runtime(key, changes)
         self._rethreshold(key)
-        if self.cluster is not None:
-            self.cluster.thresholds_changed(key, thresholds)
-        return thresholds
+        if self.cluster is not None:  # as kept: each member derives an unset resume
+            self.cluster.thresholds_changed(key, kept)
+        return self.flow(key).thresholds
 
     def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
         """Install thresholds kept across restarts."""

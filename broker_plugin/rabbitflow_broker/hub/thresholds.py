@@ -14,6 +14,11 @@ the thresholds in force and their source, in this order:
    policy, else ``--default-queue-limit``);
 4. ``none``: no thresholds (:data:`~rabbitflow_broker.engine.flow.DISABLED`).
 
+Runtime thresholds are kept as they were set: a resume value nobody set is
+kept as 0 and derived from its stop value each time the thresholds are
+computed, so it follows a later change of the stop value (also after a
+restart and on the other members of a cluster, which get what is kept).
+
 It holds no flow state: the hub's machines (one per queue) take their
 thresholds from it, and the hub re-applies them when the book says they
 may have changed.
@@ -21,17 +26,18 @@ may have changed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from rabbitflow_broker.engine.depth import QueueKey
 from rabbitflow_broker.engine.flow import (
     DISABLED,
+    RESUME_COUNT,
+    RESUME_SIZE,
     ThresholdError,
     Thresholds,
     ThresholdsSource,
     check_value,
     default_thresholds,
-    derived_resume,
     is_stream,
     thresholds_from_arguments,
     with_derived_resume,
@@ -92,7 +98,7 @@ class ThresholdBook:
         stop_pct, resume_pct = self._pct()
         runtime = self._runtime.get(key)
         if runtime is not None and not is_stream(arguments):
-            # Stored by an older gateway, a resume of 0 may still be there.
+            # A resume of 0 is not set (see set_runtime): derived here, each time.
             self._sources[key] = "runtime"
             return with_derived_resume(runtime, stop_pct=stop_pct, resume_pct=resume_pct)
         try:
@@ -170,16 +176,33 @@ class ThresholdBook:
         """Install thresholds kept across restarts."""
         self._runtime[key] = thresholds
 
-    def set_runtime(
-        self, key: QueueKey, changes: Mapping[str, object], current: Callable[[], Thresholds]
-    ) -> Thresholds:
-        """Admin-API threshold changes (camelCase keys, any subset) over the
-        ``current`` thresholds, kept as the queue's runtime thresholds.
+    def _as_set(self, key: QueueKey) -> Thresholds:
+        """The queue's thresholds in force, with each resume value that nobody
+        set (derived from its stop value, or a default percentage) as 0."""
+        now = self.compute(key)
+        source = self._sources[key]
+        if source == "runtime":
+            return self._runtime[key]  # a derived resume is stored as 0
+        arguments = self._declared.get(key, _NOTHING)[0] if source == "arguments" else {}
+        return Thresholds(
+            stop_count=now.stop_count,
+            resume_count=now.resume_count if arguments.get(RESUME_COUNT) else 0,
+            stop_size=now.stop_size,
+            resume_size=now.resume_size if arguments.get(RESUME_SIZE) else 0,
+        )
 
-        A stop value given without its resume value keeps the old resume
-        value when it still fits, else derives it from the broker ratio; a
-        resume value of 0 beside a non-zero stop value is derived likewise
-        (:func:`~rabbitflow_broker.engine.flow.with_derived_resume`).
+    def set_runtime(self, key: QueueKey, changes: Mapping[str, object]) -> Thresholds:
+        """Admin-API threshold changes (camelCase keys, any subset) over the
+        thresholds in force, kept as the queue's runtime thresholds; returns
+        what is kept (:meth:`runtime`; :meth:`compute` gives what applies).
+
+        A resume value is kept as 0 ("not set") unless someone set it: given
+        in ``changes``, in an earlier change, or as a ``qpid.flow_resume_*``
+        declare argument.  So a resume derived from its stop value (or a
+        default one) follows a new stop value, as if derived again, while a
+        stop value given without its resume value keeps a resume value that
+        was set, as long as it still fits (else that resume is derived too).
+        A stop of 0 clears its resume.
 
         Raises:
             ThresholdError: unknown key, bad value, or any threshold on a
@@ -194,7 +217,7 @@ class ThresholdBook:
                 f"queue {key[1]!r} is a stream: flow thresholds do not apply to streams "
                 "(consuming removes nothing from a stream, so its producers could never resume)",
             )
-        now = current()
+        now = self._as_set(key)
         values = {
             "stop_count": now.stop_count,
             "resume_count": now.resume_count,
@@ -204,23 +227,14 @@ class ThresholdBook:
         for key_name, attribute in _ADMIN_NAMES.items():
             if key_name in changes:
                 values[attribute] = check_value(key_name, changes[key_name])
-        stop_pct, resume_pct = self._pct()
         for stop_field, resume_field, resume_key in (
             ("stop_count", "resume_count", "flowResumeCount"),
             ("stop_size", "resume_size", "flowResumeSize"),
         ):
-            stop = values[stop_field]
-            if resume_key not in changes and isinstance(stop, int) and not isinstance(stop, bool):
-                if stop == 0:
-                    values[resume_field] = 0
-                elif values[resume_field] > stop:
-                    values[resume_field] = derived_resume(
-                        stop, stop_pct=stop_pct, resume_pct=resume_pct
-                    )
+            if resume_key not in changes and values[resume_field] > values[stop_field]:
+                values[resume_field] = 0  # a kept resume that no longer fits: derived
         try:
-            thresholds = with_derived_resume(
-                Thresholds(**values), stop_pct=stop_pct, resume_pct=resume_pct
-            )
+            thresholds = Thresholds(**values)
         except ThresholdError as exc:
             raise ThresholdError(
                 _ARGUMENT_TO_ADMIN.get(exc.argument, exc.argument), exc.reason
