@@ -265,7 +265,7 @@ def print_summary(results: list[tuple[Result, list[float]]]) -> bool:
 
 
 def _forget_cluster(url: str, name: str) -> None:
-    """Delete the cluster's owner queue and exchange (durable: kept across restarts)."""
+    """Delete the cluster's owner and epochs queues and exchange (durable: kept across restarts)."""
     import pika
 
     with contextlib.suppress(pika.exceptions.AMQPError, OSError):
@@ -273,6 +273,7 @@ def _forget_cluster(url: str, name: str) -> None:
         try:
             channel = connection.channel()
             channel.queue_delete(f"rabbitflow.cluster.{name}.owner")
+            channel.queue_delete(f"rabbitflow.cluster.{name}.epochs")
             channel.exchange_delete(f"rabbitflow.cluster.{name}")
         finally:
             connection.close()

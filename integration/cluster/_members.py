@@ -133,7 +133,7 @@ def cluster_name() -> str:
 
 def forget_cluster(broker: Broker, cluster: str) -> None:
     """Delete a cluster's objects in RabbitMQ once its members are gone (the
-    owner queue is durable: a cluster keeps it across restarts)."""
+    owner and epochs queues are durable: a cluster keeps them across restarts)."""
     import contextlib
 
     import pika
@@ -143,6 +143,7 @@ def forget_cluster(broker: Broker, cluster: str) -> None:
         try:
             channel = connection.channel()
             channel.queue_delete(f"rabbitflow.cluster.{cluster}.owner")
+            channel.queue_delete(f"rabbitflow.cluster.{cluster}.epochs")
             channel.exchange_delete(f"rabbitflow.cluster.{cluster}")
         finally:
             connection.close()

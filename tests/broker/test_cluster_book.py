@@ -330,3 +330,28 @@ def test_top_ups_stop_while_another_members_large_grant_may_be_in_use() -> None:
     confirmed = big.amount + used_by_m2  # m1's whole grant may be in use
     assert confirmed <= stop + members * batch
     assert used_by_m2 > batch  # m2 was topped up more than once meanwhile
+
+
+def test_a_forgotten_ledger_never_gives_a_grant_id_twice() -> None:
+    owner = OwnerBook("m1", batch=10, lease=2.0, epoch=1, started_at=0.0)
+    first = owner.grant(KEY, Request("m2", NAME, 0.0), 0.0, on=False)
+    assert first is not None
+    assert not owner.forget(KEY)  # outstanding: kept
+    owner.expire(3.0)
+    assert owner.forget(KEY)
+    assert KEY not in owner.ledgers
+    again = owner.grant(KEY, Request("m2", NAME, 3.0), 3.0, on=False)
+    assert again is not None
+    assert again.grant_id != first.grant_id
+
+
+def test_a_member_book_forgets_a_queue_only_when_nothing_is_in_hand() -> None:
+    book = _book()
+    book.publish(KEY, 10, now=0.0)  # held
+    assert not book.forget_idle(KEY, now=0.0)
+    (request,) = book.requests(now=0.0)
+    book.granted(KEY, _grant(request), now=0.01)  # paid: a grant in hand
+    assert not book.forget_idle(KEY, now=0.02)
+    book.requests(now=3.0)  # the grant is over: reported and dropped
+    assert book.forget_idle(KEY, now=3.0)
+    assert KEY not in book.queues

@@ -29,6 +29,9 @@ from tests.broker.frame_reader import FrameReader, decode_method
 FRAME_MAX = 4096
 #: A state message the size of a few hundred queues' (thousands in production).
 STATE = {"t": "state", "m": "m1", "e": 1, "q": [f"tenant-{i:05d}.orders" for i in range(600)]}
+#: The queue that records the epochs taken, and how many it holds in the tests.
+EPOCHS = "rabbitflow.cluster.t.epochs"
+RECORDED = 3
 
 
 def _answers() -> bytes:
@@ -43,6 +46,7 @@ def _answers() -> bytes:
         (1, commands.Queue.DeclareOk("rabbitflow.cluster.t.member.m1", 0, 0)),
         (1, commands.Queue.BindOk()),
         (1, commands.Queue.BindOk()),
+        (1, commands.Queue.DeclareOk(EPOCHS, RECORDED, 0)),
         (1, commands.Basic.ConsumeOk("member")),
         (1, commands.Basic.ConsumeOk("owner")),
     ]
@@ -73,6 +77,8 @@ class Peer:
     #: Messages the bus passed to ``on_message``: (message, to_owner).
     received: asyncio.Queue[tuple[dict[str, Any], bool]]
     frames: FrameReader = field(default_factory=lambda: FrameReader(expect_protocol_header=True))
+    #: Methods read by :meth:`next_method` and not taken yet.
+    methods: list[Frame] = field(default_factory=list)
 
     async def next_publish(self) -> tuple[commands.Basic.Publish, list[bytes]]:
         """The next Basic.Publish and its content frames, whole (the header first)."""
@@ -87,6 +93,18 @@ class Peer:
                 elif publish is not None and ref.kind in (FRAME_HEADER, FRAME_BODY):
                     content.append(buffer[ref.start : ref.end])
         return publish, content
+
+    async def next_method(self, kind: type[Frame]) -> Frame:
+        """The next method of ``kind`` the bus sent (those before it are passed over)."""
+        while True:
+            while self.methods:
+                method = self.methods.pop(0)
+                if isinstance(method, kind):
+                    return method
+            buffer, refs = self.frames.feed(await asyncio.wait_for(self.reader.read(65536), 5))
+            self.methods += [
+                decode_method(ref.payload(buffer)) for ref in refs if ref.kind == FRAME_METHOD
+            ]
 
 
 @pytest_asyncio.fixture
@@ -146,6 +164,7 @@ async def test_a_delivery_in_several_body_frames_is_one_message(
     peer: tuple[Peer, ControlBus],
 ) -> None:
     end, _ = peer
+    assert (await asyncio.wait_for(end.received.get(), 5))[0]["t"] == "epoch"  # on connecting
     data = json.dumps(STATE).encode()
     step = FRAME_MAX - 8
     wire = frame.marshal(commands.Basic.Deliver("member", 1, False, "", "all"), 1)
@@ -201,3 +220,23 @@ async def test_a_bus_that_hears_nothing_for_four_heartbeats_is_lost() -> None:
         writer.close()
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.asyncio
+async def test_the_bus_reads_the_epochs_recorded_before_it_consumes_the_owner_queue(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    """A member that connects learns how many epochs were taken before it can
+    be handed the owner queue: a new owner's epoch is above all of them."""
+    end, bus = peer
+    declare = await end.next_method(commands.Queue.Declare)
+    while declare.queue != EPOCHS:
+        declare = await end.next_method(commands.Queue.Declare)
+    assert declare.durable
+    assert declare.arguments == {"x-queue-type": "quorum"}  # kept through a node's loss
+    first, to_owner = await asyncio.wait_for(end.received.get(), 5)
+    assert (first, to_owner) == ({"t": "epoch", "e": RECORDED}, False)
+    assert bus.send({"t": "epoch", "e": RECORDED + 1, "m": "m1"}, to="epochs")
+    publish, content = await end.next_publish()
+    assert (publish.exchange, publish.routing_key) == ("", EPOCHS)
+    assert json.loads(b"".join(map(_payload, content[1:]))) == {"t": "epoch", "e": 4, "m": "m1"}

@@ -1,7 +1,8 @@
 """A cluster node's rounds: every TICK_S while it has work in hand, fewer
 while it has none (its bus is not connected here: sends are dropped, or
-kept in ``sent``); its epoch when it becomes the owner, and the
-administrator stops the owner's states carry."""
+kept in ``sent``); its epoch when it becomes the owner, and the record of
+it left in RabbitMQ; the administrator stops and runtime thresholds the
+owner's states carry; the books of a queue that is gone."""
 
 from __future__ import annotations
 
@@ -173,3 +174,150 @@ def _last(sent: list[dict[str, Any]], kind: str, owner: ClusterNode) -> dict[str
     """The owner's newest state (one broadcast now)."""
     owner._broadcast_state(owner._monotonic())
     return [m for m in sent if m["t"] == kind][-1]
+
+
+# -- runtime thresholds ride every state ------------------------------------------------
+
+
+def test_every_state_sets_the_runtime_thresholds_a_member_missed() -> None:
+    clock = Clock()
+    owner, owner_gateway, owner_sent = _sending("a", clock)
+    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    member, gateway, _ = _sending("b", clock)
+    # Set on the owner while b was reconnecting its bus: its "thr" message is lost.
+    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 50, "flowResumeCount": 20})
+    member._dispatch(_last(owner_sent, "state", owner), False)
+    assert gateway.runtime_thresholds(*KEY) == owner_gateway.runtime_thresholds(*KEY)
+    assert gateway.flow(KEY).thresholds.stop_count == 50
+    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 70})  # lost too
+    clock.now += 1.0
+    member._dispatch(_last(owner_sent, "state", owner), False)
+    assert gateway.flow(KEY).thresholds.stop_count == 70
+
+
+def test_a_member_that_joins_later_learns_the_runtime_thresholds_from_a_state() -> None:
+    clock = Clock()
+    owner, owner_gateway, owner_sent = _sending("a", clock)
+    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    later, later_gateway, _ = _sending("c", clock)  # it never saw the "thr" message
+    later._dispatch(_last(owner_sent, "state", owner), False)
+    assert later_gateway.flow(KEY).thresholds.stop_count == 40
+
+
+def test_a_threshold_change_the_owner_has_not_taken_stays_and_is_sent_again() -> None:
+    clock = Clock()
+    owner, owner_gateway, owner_sent = _sending("a", clock)
+    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    member, gateway, sent = _sending("b", clock)
+    gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 30})
+    assert len([m for m in sent if m["t"] == "thr"]) == 1
+    member._dispatch(_last(owner_sent, "state", owner), False)  # sent before it saw the change
+    assert gateway.flow(KEY).thresholds.stop_count == 30
+    assert len([m for m in sent if m["t"] == "thr"]) == 2  # said again
+    owner._dispatch(sent[-1], False)
+    assert owner_gateway.flow(KEY).thresholds.stop_count == 30
+    member._dispatch(_last(owner_sent, "state", owner), False)
+    assert len([m for m in sent if m["t"] == "thr"]) == 2  # taken: nothing more to say
+
+
+def test_runtime_thresholds_that_went_with_their_queue_do_not_come_back() -> None:
+    clock = Clock()
+    owner, owner_gateway, owner_sent = _sending("a", clock)
+    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    owner_gateway.queue_deleted(*KEY)  # its runtime thresholds go with it
+    owner_gateway.queue_declared(*KEY, None)  # a new queue of the same name
+    later, later_gateway, _ = _sending("c", clock)
+    later._dispatch(_last(owner_sent, "state", owner), False)
+    assert later_gateway.runtime_thresholds(*KEY) is None
+    assert owner_gateway.runtime_thresholds(*KEY) is None
+
+
+# -- an owner's epoch is above every epoch ever taken --------------------------------------
+
+
+def test_a_member_that_owns_before_hearing_anyone_takes_an_epoch_above_the_recorded_one() -> None:
+    # The previous owner (epoch 1) is gone and its grants may still be in use;
+    # this member joined after it and heard no message carrying its epoch, but
+    # its bus read RabbitMQ's record of the epochs taken before it consumed.
+    clock = Clock()
+    joined, _, sent = _sending("c", clock)
+    joined._received({"t": "epoch", "e": 1}, False)
+    joined._dispatch({"t": "hello", "m": "c", "e": 0}, True)  # its own hello: it owns
+    assert joined.epoch == 2
+    assert [m for m in sent if m["t"] == "epoch"] == [{"t": "epoch", "e": 2, "m": "c"}]
+    joined._dispatch(_request("b", clock), True)
+    assert not [m for m in sent if m["t"] == "grant"]  # a lease first
+
+
+def test_a_new_owner_records_as_many_epochs_as_it_skipped() -> None:
+    clock = Clock()
+    node, _, sent = _sending("c", clock)
+    node._received({"t": "epoch", "e": 2}, False)  # the record: two epochs taken
+    node._dispatch({"t": "hello", "m": "b", "e": 4}, True)  # b heard of epoch 4
+    assert node.epoch == 5
+    assert [m["e"] for m in sent if m["t"] == "epoch"] == [5, 5, 5]  # the count is 5 now
+
+
+# -- a deleted queue's books are freed once it stays gone and nothing is held -------------
+
+
+def _owner_with_a_used_grant(clock: Clock) -> tuple[ClusterNode, Gateway]:
+    """An owner that granted itself allowance for KEY, used it and let it expire."""
+    node, gateway, _ = _sending("a", clock)
+    node._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    gateway.published("/", frozenset({"orders"}), 10)  # held: no allowance yet
+    node.tick(clock.now)  # asks itself: granted
+    assert KEY not in node.book.held
+    assert node.owner_book is not None
+    assert KEY in node.owner_book.ledgers
+    for _ in range(3):  # the grant expires on both sides and is reported
+        clock.now += 1.0
+        node.tick(clock.now)
+    return node, gateway
+
+
+def test_a_deleted_queue_leaves_no_allowance_or_ledger_once_it_stays_gone() -> None:
+    clock = Clock()
+    node, gateway = _owner_with_a_used_grant(clock)
+    gateway.queue_deleted(*KEY)
+    for _ in range(10):
+        clock.now += 1.0
+        node.tick(clock.now)
+    assert node.owner_book is not None
+    assert KEY not in node.book.queues
+    assert KEY not in node.owner_book.ledgers
+    assert not node.needs_rounds(clock.now)
+
+
+def test_a_queue_missing_from_one_snapshot_keeps_its_books() -> None:
+    clock = Clock()
+    node, gateway = _owner_with_a_used_grant(clock)
+    gateway.queue_deleted(*KEY)  # a snapshot of a stopping node missed it
+    clock.now += 1.0
+    node.tick(clock.now)
+    gateway.queue_seen(*KEY, {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}, None)
+    for _ in range(10):
+        clock.now += 1.0
+        node.tick(clock.now)
+    assert node.owner_book is not None
+    assert KEY in node.book.queues
+    assert KEY in node.owner_book.ledgers
+
+
+def test_a_deleted_queue_with_held_publishes_keeps_them_until_they_are_settled() -> None:
+    clock = Clock()
+    node, gateway, _ = _sending("b", clock)  # no owner heard of: nothing is granted
+    gateway.published("/", frozenset({"orders"}), 10)
+    gateway.queue_deleted(*KEY)
+    for _ in range(10):
+        clock.now += 1.0
+        node.tick(clock.now)
+    assert KEY in node.book.held  # never completed without allowance
+    node._dispatch({"t": "free", "v": KEY[0], "q": KEY[1]}, False)  # the owner: no such queue
+    assert KEY not in node.book.held
+    for _ in range(10):
+        clock.now += 1.0
+        node.tick(clock.now)
+    assert KEY not in node.book.queues

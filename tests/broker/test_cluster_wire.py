@@ -8,6 +8,7 @@ import math
 import pytest
 
 from rabbitflow_broker.engine.cluster import Grant, Report, Request
+from rabbitflow_broker.engine.cluster_settings import SharedThresholds
 from rabbitflow_broker.engine.cluster_wire import (
     grant_message,
     queue_key,
@@ -35,10 +36,28 @@ def test_a_grant_reads_back_as_sent() -> None:
     assert read_grant("m2", _over_the_wire(grant_message(KEY, grant))) == (KEY, grant)
 
 
-def test_thresholds_read_back_as_sent() -> None:
+def test_thresholds_read_back_as_sent_and_their_stamp_merges_as_kept() -> None:
     thresholds = Thresholds(stop_count=1000, resume_count=500, stop_size=0, resume_size=0)
-    message = _over_the_wire(thresholds_message("m1", KEY, thresholds))
-    assert read_thresholds(message) == (KEY, thresholds)
+    mine = SharedThresholds("m1")
+    mine.set(KEY, thresholds)
+    message = _over_the_wire(thresholds_message("m1", KEY, thresholds, mine.wire([KEY])))
+    assert read_thresholds(message) == (KEY, thresholds)  # as a member without stamps reads it
+    stamps = message["tv"]
+    assert isinstance(stamps, list)
+    theirs = SharedThresholds("m2")
+    assert theirs.merge(stamps) == ({KEY: thresholds}, [])
+    assert theirs.stamps == mine.stamps
+
+
+def test_runtime_thresholds_gone_with_their_queue_stay_gone_against_an_older_stamp() -> None:
+    older = SharedThresholds("m1")
+    older.set(KEY, Thresholds(stop_count=10))
+    gone = SharedThresholds("m2")
+    gone.merge(older.wire())
+    gone.set(KEY, None)  # the queue was deleted: a newer stamp
+    assert gone.merge(older.wire()) == ({}, [KEY])  # kept gone, and said again
+    assert older.merge(gone.wire()) == ({KEY: None}, [])
+    assert older.in_force() == {}
 
 
 @pytest.mark.parametrize(("asked_at", "kind"), [(4.25, "req"), (math.nan, "rep")])

@@ -49,9 +49,8 @@ has (RabbitMQ, in the service).
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 __all__ = [
     "DEFAULT_BATCH",
@@ -65,7 +64,6 @@ __all__ = [
     "QueueOwner",
     "Report",
     "Request",
-    "SharedStops",
 ]
 
 #: ``--cluster-batch``: the most one member may accept for a queue unseen.
@@ -180,7 +178,8 @@ class QueueOwner:
     settle: float = 0.25
     changed_at: float = float("-inf")
     _grants: dict[int, _Outstanding] = field(default_factory=dict)
-    _next_grant: int = 1
+    #: The next grant's number in this owner's epoch (ids: epoch << 32 + number).
+    next_grant: int = 1
     _paces: dict[str, _Pace] = field(default_factory=dict)
 
     @property
@@ -233,8 +232,8 @@ class QueueOwner:
             return None
         self._paces[request.member] = _Pace(now, cap)
         # Ids carry the owner's epoch, so no two owners ever issue the same one.
-        grant_id = (self.epoch << 32) + self._next_grant
-        self._next_grant += 1
+        grant_id = (self.epoch << 32) + self.next_grant
+        self.next_grant += 1
         self._grants[grant_id] = _Outstanding(request.member, amount, now + self.lease)
         return Grant(request.member, self.queue, grant_id, amount, request.asked_at, self.epoch)
 
@@ -490,53 +489,3 @@ class MemberAllowance:
         if removed or removed_bytes:
             out.append(Report(self.member, self.queue, 0, 0, removed, False, 0, removed_bytes))
         return out
-
-
-#: An administrator stop: (vhost, queue), either None for every one.
-Stop = tuple[str | None, str | None]
-
-
-@dataclass(slots=True)
-class SharedStops:
-    """The administrator stops as the cluster knows them, merged stop by stop.
-
-    Each stop ever made carries the stamp of its last change, ``(version,
-    member, in force)``: lifted ones stay, so a merge keeps each stop's newer
-    stamp (versions a Lamport clock, ties by member).  Two changes made at once
-    on two members both hold, and members that saw the same stamps agree.
-    """
-
-    member: str
-    stamps: dict[Stop, tuple[int, str, bool]] = field(default_factory=dict)
-    clock: int = 0
-
-    def note(self, local: Iterable[Stop]) -> None:
-        """Stamp what was added or lifted here: ``local`` are the stops in force."""
-        now = set(local)
-        changed = now ^ set(self.in_force())
-        if changed:
-            self.clock += 1
-            for key in changed:
-                self.stamps[key] = (self.clock, self.member, key in now)
-
-    def in_force(self) -> list[Stop]:
-        """The stops in force, oldest change first."""
-        stamped = sorted(self.stamps.items(), key=lambda item: item[1][:2])
-        return [key for key, (_, _, on) in stamped if on]
-
-    def wire(self) -> list[list[Any]]:
-        """Every stamp as ``[vhost, queue, version, member, in force]``."""
-        return [[v, q, n, m, on] for (v, q), (n, m, on) in self.stamps.items()]
-
-    def merge(self, wire: list[list[Any]]) -> bool:
-        """Take each newer stamp of :meth:`wire`'s output; whether this side
-        knows something newer than it (then it should say so again)."""
-        theirs = {(v, q): (int(n), str(m), bool(on)) for v, q, n, m, on in wire}
-        for key, stamp in theirs.items():
-            self.clock = max(self.clock, stamp[0])
-            mine = self.stamps.get(key)
-            if mine is None or stamp[:2] > mine[:2]:
-                self.stamps[key] = stamp
-        return any(
-            key not in theirs or stamp[:2] > theirs[key][:2] for key, stamp in self.stamps.items()
-        )

@@ -21,6 +21,7 @@ reported use as a publish) and the members it heard from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -38,6 +39,7 @@ from rabbitflow_broker.engine.depth import QueueDepth
 __all__ = [
     "FLOW_AFTER_S",
     "FREE_FOR_S",
+    "GoneQueues",
     "MemberBook",
     "OwnerBook",
     "QueueKey",
@@ -325,13 +327,26 @@ class MemberBook:
                 changed.add(key)
         return changed
 
-    def forget(self, key: QueueKey) -> None:
-        """The queue is gone."""
-        entry = self.queues.pop(key, None)
-        if entry is not None:
-            self._settle(entry, entry.last_publish)
-        self.held.discard(key)
-        self.flowed.discard(key)
+    def forget_idle(self, key: QueueKey, now: float) -> bool:
+        """Drop a queue's entry (the queue is gone) when nothing of it is in
+        hand: no held publish, no grant kept, nothing to report.  True when
+        dropped, or not there.  A publish to the queue later starts afresh,
+        without allowance, as for any queue new to this member."""
+        entry = self.queues.get(key)
+        if entry is None:
+            return True
+        self._settle(entry, now)
+        allowance = entry.allowance
+        if (
+            entry.debt
+            or key in self.held
+            or allowance.holds_grants()
+            or allowance.removed
+            or allowance.removed_bytes
+        ):
+            return False
+        del self.queues[key]
+        return True
 
     def describe(self, now: float) -> list[dict[str, object]]:
         """Per queue: allowance left, debt, and whether held (for the admin API)."""
@@ -363,6 +378,9 @@ class OwnerBook:
     epoch: int
     started_at: float
     ledgers: dict[QueueKey, QueueOwner] = field(default_factory=dict)
+    #: Where a new ledger's grant numbers start: past those of every ledger
+    #: forgotten, so that no grant id of a queue is given twice.
+    next_grant: int = 1
 
     def ledger(self, key: QueueKey) -> QueueOwner:
         ledger = self.ledgers.get(key)
@@ -375,8 +393,21 @@ class OwnerBook:
                 lease=self.lease,
                 epoch=self.epoch,
                 started_at=self.started_at,
+                next_grant=self.next_grant,
             )
         return ledger
+
+    def forget(self, key: QueueKey) -> bool:
+        """Drop a queue's ledger (the queue is gone) when no grant of it is
+        outstanding; True when dropped, or not there."""
+        ledger = self.ledgers.get(key)
+        if ledger is None:
+            return True
+        if ledger.outstanding:
+            return False
+        self.next_grant = max(self.next_grant, ledger.next_grant)
+        del self.ledgers[key]
+        return True
 
     def settle(self, key: QueueKey, report: Report) -> int:
         """A member's report: how many messages it newly used (enqueued)."""
@@ -425,3 +456,52 @@ class OwnerBook:
     def busy(self) -> bool:
         """Whether any grant is outstanding (to be settled or expired)."""
         return any(ledger.outstanding for ledger in self.ledgers.values())
+
+
+@dataclass(slots=True)
+class GoneQueues:
+    """Frees the books of queues that are gone: a member's allowance entry
+    and an owner's grant ledger of a queue its hub has not known for
+    ``after`` seconds (several management snapshots in a row: one may miss
+    a queue for a moment, while a RabbitMQ node stops), once nothing of it
+    is in hand (no held publish, no grant kept or outstanding).  Until
+    then they stay: held publishes complete only against allowance, and the
+    owner counts every grant it gave until it is settled or expires.
+    """
+
+    after: float
+    #: Seconds between looks through the books.
+    every: float = 1.0
+    swept: float = float("-inf")
+    #: Queues in the books the hub does not know, since when.
+    unknown: dict[QueueKey, float] = field(default_factory=dict)
+
+    def sweep(
+        self,
+        now: float,
+        known: Callable[[str, str], bool],
+        book: MemberBook,
+        owner: OwnerBook | None,
+    ) -> list[QueueKey]:
+        """Free what is due, at most every :attr:`every` seconds (``known``:
+        whether the hub knows a queue, by vhost and name); the queues freed."""
+        if now - self.swept < self.every:
+            return []
+        self.swept = now
+        keys = set(book.queues)
+        if owner is not None:
+            keys.update(owner.ledgers)
+        freed: list[QueueKey] = []
+        for key in keys:
+            if known(*key):
+                self.unknown.pop(key, None)
+                continue
+            if now - self.unknown.setdefault(key, now) < self.after:
+                continue
+            member_freed = book.forget_idle(key, now)
+            if (owner is None or owner.forget(key)) and member_freed:
+                del self.unknown[key]
+                freed.append(key)
+        for key in [key for key in self.unknown if key not in keys]:
+            del self.unknown[key]
+        return freed

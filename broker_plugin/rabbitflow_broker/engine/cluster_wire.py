@@ -11,7 +11,10 @@ free      the member           the queue has no thresholds: no allowance needed
 state     all                  owner, epoch, ON queues, administrator stops, depths
 depth     all                  the owner's depths of the queues in use (each round)
 stops     all                  administrator stops changed on a member
-thr       all                  runtime thresholds set on a member
+thr       all                  runtime thresholds set on a member (or gone with
+                               their queue: ``th`` null), with their stamp
+epoch     the epochs queue     a new owner's epoch: one message per epoch taken
+                               (the bus hands its member the count on connecting)
 ========  ===================  =================================================
 
 A reader takes what it needs and raises ``KeyError``, ``TypeError`` or
@@ -25,6 +28,7 @@ from typing import Any
 
 from rabbitflow_broker.engine.cluster import Grant, Request
 from rabbitflow_broker.engine.cluster_book import QueueKey
+from rabbitflow_broker.engine.cluster_settings import thresholds_list, thresholds_of
 from rabbitflow_broker.engine.flow import Thresholds
 
 __all__ = [
@@ -96,26 +100,24 @@ def read_grant(member: str, message: Message) -> tuple[QueueKey, Grant]:
     return key, grant
 
 
-def thresholds_message(member: str, key: QueueKey, thresholds: Thresholds) -> Message:
+def thresholds_message(
+    member: str, key: QueueKey, thresholds: Thresholds | None, stamps: list[list[Any]]
+) -> Message:
+    """``thr``: a queue's runtime thresholds (None: gone with the queue) and
+    their stamp (:meth:`~rabbitflow_broker.engine.cluster_settings.SharedThresholds.wire`)."""
     return {
         "t": "thr",
         "m": member,
         "v": key[0],
         "q": key[1],
-        "th": [
-            thresholds.stop_count,
-            thresholds.resume_count,
-            thresholds.stop_size,
-            thresholds.resume_size,
-        ],
+        "th": thresholds_list(thresholds),
+        "tv": stamps,
     }
 
 
 def read_thresholds(message: Message) -> tuple[QueueKey, Thresholds]:
-    stop_count, resume_count, stop_size, resume_size = message["th"]
-    return _key_of(message), Thresholds(
-        stop_count=stop_count,
-        resume_count=resume_count,
-        stop_size=stop_size,
-        resume_size=resume_size,
-    )
+    """The thresholds of a ``thr`` from a member without stamps."""
+    thresholds = thresholds_of(message["th"])
+    if thresholds is None:
+        raise ValueError("a thr without stamps names no thresholds")
+    return _key_of(message), thresholds

@@ -13,6 +13,13 @@ Everything the members say to each other goes through RabbitMQ, under
   Every member publishes its heartbeat there (and requests, while it does
   not know the owner yet), so the active consumer learns at once that it
   is the owner.  Messages in it expire after one lease.
+* the quorum queue ``rabbitflow.cluster.NAME.epochs``, which nobody
+  consumes: each new owner leaves one message in it per epoch it takes, so
+  the count of its messages is at least the highest epoch ever taken.  The
+  bus reads that count (the declare's answer) before it consumes the owner
+  queue and hands it to its member as ``{"t": "epoch", "e": count}``: an
+  owner's epoch is above every one taken before, even when it owns before
+  it has heard from any other member.
 
 Messages are JSON objects (``{"t": type, ...}``).  The owner's state names
 every queue, so a body may be larger than the frame_max agreed with
@@ -32,7 +39,7 @@ import contextlib
 import json
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pamqp import commands, frame, heartbeat
@@ -66,6 +73,7 @@ _CHANNEL = 1
 _SILENT_BEATS = 4
 _OWNER_TAG = "owner"
 _MEMBER_TAG = "member"
+_F = TypeVar("_F", bound=Frame)
 
 
 def _content_frames(body: bytes, frame_max: int) -> bytes:
@@ -113,6 +121,7 @@ class ControlBus:
         self.member = member
         self.exchange = f"rabbitflow.cluster.{cluster}"
         self.owner_queue = f"{self.exchange}.owner"
+        self.epochs_queue = f"{self.exchange}.epochs"
         self.member_queue = f"{self.exchange}.member.{member}"
         # The nodes of the RabbitMQ cluster: a failed connection tries the next.
         self._nodes = list(nodes)
@@ -180,7 +189,8 @@ class ControlBus:
         await self._declare_topology(self._writer)
 
     async def _declare_topology(self, writer: asyncio.StreamWriter) -> None:
-        """The exchange, the owner queue and this member's queue; consume both."""
+        """The exchange, the owner queue and this member's queue; the epochs
+        taken (see the module docstring); consume both queues."""
         writer.write(frame.marshal(commands.Channel.Open(), _CHANNEL))
         await self._expect(_CHANNEL, commands.Channel.OpenOk, "a channel")
         writer.write(
@@ -222,6 +232,10 @@ class ControlBus:
                 )
             )
             await self._expect(_CHANNEL, commands.Queue.BindOk, f"binding {key}")
+        # After the bindings: an epoch taken after the count is read reaches
+        # this member in its owner's state.  Before consuming: nothing makes
+        # this member the owner before it knows the count.
+        await self._read_epochs(writer)
         for queue, tag in ((self.member_queue, _MEMBER_TAG), (self.owner_queue, _OWNER_TAG)):
             writer.write(
                 frame.marshal(
@@ -230,10 +244,20 @@ class ControlBus:
             )
             await self._expect(_CHANNEL, commands.Basic.ConsumeOk, f"consuming {queue}")
 
-    async def _expect(self, channel: int, kind: type[Frame], what: str) -> None:
+    async def _expect(self, channel: int, kind: type[_F], what: str) -> _F:
         reply = await self._method(channel)
         if not isinstance(reply, kind):
             raise BusError(f"RabbitMQ refused {what}: {reply!r}")
+        return reply
+
+    async def _read_epochs(self, writer: asyncio.StreamWriter) -> None:
+        """Declare the epochs queue and tell the member how many epochs were taken."""
+        declare = commands.Queue.Declare(
+            queue=self.epochs_queue, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        writer.write(frame.marshal(declare, _CHANNEL))
+        declared = await self._expect(_CHANNEL, commands.Queue.DeclareOk, self.epochs_queue)
+        self._on_message({"t": "epoch", "e": declared.message_count}, False)
 
     async def _method(self, channel: int) -> Frame:
         reader = self._reader
@@ -335,16 +359,17 @@ class ControlBus:
     # -- sending -----------------------------------------------------------------
 
     def send(self, message: dict[str, Any], *, to: str) -> bool:
-        """Publish ``message`` to a member's id, ``all``, or (``to="owner"``)
-        the owner queue; False when the bus is down (nothing is queued)."""
+        """Publish ``message`` to a member's id, ``all``, or (``to="owner"``,
+        ``"epochs"``) that queue; False when the bus is down (nothing is queued)."""
         writer = self._writer
         if writer is None:
             return False
         data = json.dumps(message, separators=(",", ":")).encode()
         publish = self._publish_frames.get(to)
         if publish is None:
-            if to == "owner":
-                method = commands.Basic.Publish(exchange="", routing_key=self.owner_queue)
+            if to in ("owner", "epochs"):
+                queue = self.owner_queue if to == "owner" else self.epochs_queue
+                method = commands.Basic.Publish(exchange="", routing_key=queue)
             else:
                 method = commands.Basic.Publish(exchange=self.exchange, routing_key=to)
             publish = self._publish_frames[to] = frame.marshal(method, _CHANNEL)

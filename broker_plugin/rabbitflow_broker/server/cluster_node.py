@@ -25,18 +25,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
-from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Report, Request, SharedStops
-from rabbitflow_broker.engine.cluster_book import MemberBook, OwnerBook, QueueKey
+from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Report, Request
+from rabbitflow_broker.engine.cluster_book import GoneQueues, MemberBook, OwnerBook, QueueKey
 from rabbitflow_broker.engine.cluster_wire import (
     grant_message,
     queue_name,
     read_grant,
-    read_thresholds,
     request_message,
-    thresholds_message,
 )
 from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.server.cluster_bus import BusError, ControlBus
+from rabbitflow_broker.server.cluster_shared import SharedSettings
 
 if TYPE_CHECKING:
     from rabbitflow_broker.hub.config import GatewayConfig
@@ -53,7 +52,7 @@ TICK_S: Final = 0.1
 #: (a publish, a kick or a message that gives it work starts a round at once).
 IDLE_TICK_LEASES: Final = 0.25
 #: Messages that never give a node work of its own to do in rounds.
-_NO_ROUNDS: Final = frozenset({"hello", "depth"})
+_NO_ROUNDS: Final = frozenset({"hello", "depth", "epoch"})
 #: Seconds between broadcasts of the owner's state (also sent on each change).
 STATE_EVERY_S: Final = 1.0
 #: Seconds between the owner's broadcasts of every queue's depth (between
@@ -61,6 +60,9 @@ STATE_EVERY_S: Final = 1.0
 DEPTHS_FULL_EVERY_S: Final = 10.0
 #: At most one "definitions changed" notice per this many seconds.
 DEFS_DEBOUNCE_S: Final = 0.05
+#: Management snapshots in a row a queue must be missing from before its
+#: allowance and grant ledger may be freed (see GoneQueues).
+GONE_SNAPSHOTS: Final = 3
 
 
 def member_id() -> str:
@@ -85,6 +87,7 @@ class ClusterNode:
         describe: Callable[[], dict[str, Any]],
         refresh_routing: Callable[[], Awaitable[bool]],
         monotonic: Callable[[], float] = time.monotonic,
+        gone_after: float = GONE_SNAPSHOTS * 1.0,  # snapshots every second
     ) -> None:
         self.gateway = gateway
         self.name = name
@@ -98,28 +101,27 @@ class ClusterNode:
         #: The owner's id as last broadcast (None: not known).
         self.owner_id: str | None = None
         self.epoch = 0
-        #: The highest epoch any bus message carried (a new owner's is above it).
-        self.seen_epoch = 0
+        #: The highest epoch any bus message carried, and how many are recorded in
+        #: RabbitMQ (read on connecting, and since): a new owner's is above both.
+        self.seen_epoch = self.recorded = 0
         self._describe = describe
         self._refresh_routing = refresh_routing
         self._refreshing: asyncio.Task[None] | None = None
         self._waiting: list[dict[str, Any]] = []
         #: Members heard from: id -> (description, monotonic time).
         self.members: dict[str, tuple[dict[str, Any], float]] = {}
-        self._state_sent = -math.inf
-        self._hello_sent = -math.inf
-        #: The administrator stops as the cluster knows them (the owner's state says).
-        self.stops = SharedStops(member)
+        #: The stops and runtime thresholds as the cluster knows them (the owner's state says).
+        self.settings = SharedSettings(member, gateway, self.book)
+        self.gone = GoneQueues(gone_after)
         self._kicked = False
         #: Whether the last round left work in hand (rounds every TICK_S).
         self._busy = True
         self._wake = asyncio.Event()
         self._refresh_again = False
-        self._defs_sent = -math.inf
         self._defs_pending = False
         #: Owner: each queue's (messages, bytes, flowStoppedCount) as last sent.
         self._depths_sent: dict[QueueKey, tuple[int, int, int]] = {}
-        self._depths_full = -math.inf
+        self._state_sent = self._hello_sent = self._defs_sent = self._depths_full = -math.inf
         self.bus = ControlBus(
             cluster=name,
             member=member,
@@ -171,6 +173,7 @@ class ClusterNode:
             password=password,
             describe=description,
             refresh_routing=refresh_routing,
+            gone_after=GONE_SNAPSHOTS * (config.reconcile_interval or 1000) / 1000,
         )
         gateway.join_cluster(node)
         return node
@@ -202,26 +205,7 @@ class ClusterNode:
         self._broadcast_state(now)
 
     def stops_changed(self) -> None:
-        self.stops.note(self.gateway.admin_stop_keys())
-        self._send_stops()
-
-    def _send_stops(self) -> None:
-        self.bus.send({"t": "stops", "m": self.member, **self._stops_fields()}, to="all")
-
-    def _stops_fields(self) -> dict[str, Any]:
-        """``stops``, those in force (members without stamps read only them), and ``sv``."""
-        in_force = [list(stop) for stop in self.stops.in_force()]
-        return {"stops": in_force, "sv": self.stops.wire()}
-
-    def _merge_stops(self, message: dict[str, Any]) -> bool:
-        """Take the newer stamps of a state or a member's change; whether this
-        member knows something newer than the message (to say again)."""
-        if "sv" not in message:  # a member without stamps: its list as it is
-            self.gateway.replace_admin_stops([(v, q) for v, q in message["stops"]])
-            return False
-        ahead = self.stops.merge(message["sv"])
-        self.gateway.replace_admin_stops(self.stops.in_force())
-        return ahead
+        self.bus.send(self.settings.stops_changed(), to="all")
 
     def definitions_changed(self, vhost: str) -> None:
         """A declare, bind or delete went through here: the others refresh."""
@@ -257,7 +241,11 @@ class ClusterNode:
         self._refreshing = asyncio.get_running_loop().create_task(refresh())
 
     def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
-        self.bus.send(thresholds_message(self.member, key, thresholds), to="all")
+        self.bus.send(self.settings.thresholds_changed(key, thresholds), to="all")
+
+    def _send_all(self, messages: Iterable[dict[str, Any]]) -> None:
+        for message in messages:
+            self.bus.send(message, to="all")
 
     # -- running ----------------------------------------------------------------------
 
@@ -332,6 +320,7 @@ class ClusterNode:
             self.bus.send(hello, to="all")
         for request in self.book.requests(now):
             self._send_request(request)
+        self.gone.sweep(now, self.gateway.knows_queue, self.book, self.owner_book)
         owner = self.owner_book
         if owner is not None:
             for key, expired in owner.expire(now).items():
@@ -401,11 +390,12 @@ class ClusterNode:
                 self._refresh_soon()
         elif kind == "stops":
             if message["m"] != self.member:
-                self._merge_stops(message)
-        elif kind == "thr" and message["m"] != self.member:
-            key, thresholds = read_thresholds(message)
-            self.gateway.load_runtime_thresholds({key: thresholds})
-            self.book.governed(key)
+                self.settings.heard_stops(message)
+        elif kind == "thr":
+            if message["m"] != self.member:
+                self.settings.heard_thresholds(message)
+        elif kind == "epoch":  # the bus read RabbitMQ's record as it connected
+            self.recorded = int(message["e"])
 
     def _granted(self, message: dict[str, Any], now: float) -> None:
         key, grant = read_grant(self.member, message)
@@ -433,11 +423,10 @@ class ClusterNode:
         self.gateway.set_cluster_flow(on)
         if released:
             self.gateway.holds_changed(released)
-        # The owner's stops are the cluster's: what a member missed (a lost
-        # message, a reconnect) is mended by the next state, and a change the
-        # owner has not taken yet is sent again.
-        if self._merge_stops(message):
-            self._send_stops()
+        # The owner's stops and thresholds are the cluster's: what a member
+        # missed (a lost message, a reconnect) is mended by the next state, and
+        # a change the owner has not taken yet is sent again.
+        self._send_all(self.settings.heard_state(message))
         self._shared_depths(message)
 
     def _shared_depths(self, message: dict[str, Any]) -> None:
@@ -455,14 +444,25 @@ class ClusterNode:
         # Epochs only rise; a new owner grants nothing for one lease
         # (OwnerBook's ledgers start at ``now``), so every grant of its
         # predecessor has expired first.
-        # Above every epoch seen on the bus, so no two owners share one.
+        # Above every epoch seen on the bus and every one recorded in RabbitMQ
+        # (read before the bus consumed the owner queue), so no two owners
+        # share one: the first of a cluster (epoch 1) grants at once.
         self.epoch = max(self.epoch, self.book.epoch, self.seen_epoch) + 1
+        self._record_epoch()
         self.owner = True
         self.owner_id = self.member
         self.owner_book = OwnerBook(self.member, self.batch, self.lease, self.epoch, now)
         self.gateway.take_ownership()
         _log.info("cluster owner", cluster=self.name, member=self.member, epoch=self.epoch)
         self._broadcast_state(now)
+
+    def _record_epoch(self) -> None:
+        """Leave this owner's epoch in RabbitMQ before anything of it goes out:
+        the epochs queue holds one message per epoch taken, so its count (read
+        by every member as it connects) is at least the highest epoch."""
+        record = {"t": "epoch", "e": self.epoch, "m": self.member}
+        while self.recorded < self.epoch and self.bus.send(record, to="epochs"):
+            self.recorded += 1
 
     def _step_down(self) -> None:
         self.owner = False
@@ -480,15 +480,14 @@ class ClusterNode:
         if not self.owner:
             return
         self._state_sent = now
-        gateway = self.gateway
-        self.stops.note(gateway.admin_stop_keys())
+        self._send_all(self.settings.sweep())
         self.bus.send(
             {
                 "t": "state",
                 "m": self.member,
                 "e": self.epoch,
-                "on": [list(key) for key in gateway.flowed_queues()],
-                **self._stops_fields(),
+                "on": [list(key) for key in self.gateway.flowed_queues()],
+                **self.settings.state_fields(),
                 "d": depths or [],
             },
             to="all",
