@@ -250,6 +250,7 @@ class Connection(ConnectionBase):
             wait_usable=self._wait_usable,
             recovering_or_lost=self._recovering_or_lost,
             transport_in_use=self._transport_in_use,
+            holds=self._holds,
             open_channel=self._open_channel,
             post=self._post,
             call_later=self._call_later,
@@ -321,6 +322,10 @@ class Connection(ConnectionBase):
     def _transport_in_use(self) -> int:
         with self._cond:
             return self._state.in_use
+
+    def _holds(self, opened_on: int) -> bool:
+        with self._cond:
+            return self._state.holds(opened_on)
 
     def _report(self, error: JMSException) -> None:
         report(self._listener, error)

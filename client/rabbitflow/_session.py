@@ -22,12 +22,12 @@ from ._exceptions import (
 from ._producer import MessageProducer, ProducerContext, open_producer
 from ._producer_core import ProducerControl, check_capacity
 from ._properties import ClientConfig
+from ._session_admin import SessionAdmin
 from ._session_core import (
     AUTO_ACKNOWLEDGE,
     CLIENT_ACKNOWLEDGE,
     DUPS_OK_ACKNOWLEDGE,
     SESSION_TRANSACTED,
-    AdminHandler,
     ConsumerControl,
     Declarations,
     Declared,
@@ -75,6 +75,8 @@ class SessionContext:
     wait_usable: Callable[[], None]  # return when the connection is open
     recovering_or_lost: Callable[[], bool]
     transport_in_use: Callable[[], int]  # its generation (see register_producer)
+    # a channel opened on that transport is still on the one in use, and open
+    holds: Callable[[int], bool]
     open_channel: Callable[[ChannelHandler], TransportChannel]
     post: Callable[[Callable[[], None]], None]  # run on the I/O thread
     call_later: Callable[[float, Callable[[], None]], None]  # on the I/O thread
@@ -107,7 +109,7 @@ class Session(MessageFactory):
         self.transacted = bool(transacted) or acknowledge_mode == SESSION_TRANSACTED
         self.acknowledge_mode = SESSION_TRANSACTED if self.transacted else acknowledge_mode
         self._lock = threading.RLock()
-        self._admin_channel: TransportChannel | None = None
+        self._admin = SessionAdmin(context.open_channel)
         self._producers: dict[MessageProducer, ProducerControl[TransportChannel]] = {}
         self._consumers: dict[ConsumerControl[TransportChannel], MessageConsumer] = {}
         self._deliveries = Deliveries(
@@ -143,19 +145,20 @@ class Session(MessageFactory):
     def _on_one_transport(
         self,
         open_channel: Callable[[], TransportChannel],
-        attach: Callable[[TransportChannel], None],
-        take_in: Callable[[int], bool],
+        take_in: Callable[[int, TransportChannel], bool],
     ) -> None:
-        """Give a new producer or consumer its channel and register it, on
-        one transport.
+        """Attach a new channel to a producer or consumer (a new one, or one
+        that recover() or rollback() moves), on one transport.
 
         A recovery restores what the connection has registered (the loss
         detaches it) and the session holds (the restore re-opens its
-        channels).  So ``take_in(opened_on)`` runs under the session lock
-        (the restore waits for it) and takes it in only if the connection
-        registers it on the transport its channel was opened on, while open;
-        else (False, forgetting that channel) a loss came in between and left
-        it out: the channel is stale, open another.
+        channels).  So ``take_in(opened_on, channel)`` runs under the session
+        lock (the restore waits for it) and attaches the channel only if the
+        transport it was opened on is still in use and open (a new one's: if
+        the connection registers it there).  Else (False, leaving nothing
+        behind) a loss came in between and the channel is stale: its recovery
+        left a new one out, or gives a moved one a channel that the stale one
+        must not replace; open another.
 
         Raises:
             ConnectionLostError: the connection kept failing.
@@ -163,37 +166,12 @@ class Session(MessageFactory):
         context = self._context
         for _ in range(_ATTEMPTS):
             opened_on, channel = self._rpc(lambda: (context.transport_in_use(), open_channel()))
-            attach(channel)
             with self._lock:
-                if take_in(opened_on):
+                if take_in(opened_on, channel):
                     return
             channel.detach()  # its late events must not reach the producer or consumer
             channel.close()
         raise ConnectionLostError("connection kept failing while creating a producer or consumer")
-
-    def _admin(self) -> TransportChannel:
-        with self._lock:
-            channel = self._admin_channel
-            if channel is None or channel.closed:
-                channel = self._context.open_channel(AdminHandler())
-                self._admin_channel = channel
-            return channel
-
-    # A failed passive declare closes the admin channel: the session lock keeps
-    # other threads of this session off it until it is replaced.
-    def _ensure_queue(self, name: str) -> None:
-        with self._lock:
-            try:
-                self._admin().queue_declare(name, passive=True)
-            except InvalidDestinationError:
-                self._admin().queue_declare(name, durable=True)
-
-    def _ensure_exchange(self, name: str) -> None:
-        with self._lock:
-            try:
-                self._admin().exchange_declare(name, "topic", passive=True)
-            except InvalidDestinationError:
-                self._admin().exchange_declare(name, "topic")
 
     def _record(self, kind: Declared, name: str, subscription: str = "") -> None:
         with self._lock:
@@ -212,7 +190,7 @@ class Session(MessageFactory):
         """
         self._check_open()
         queue = Queue(name)
-        self._rpc(lambda: self._ensure_queue(name))
+        self._rpc(lambda: self._admin.ensure_queue(name))
         self._record(Declared.QUEUE, name)
         return queue
 
@@ -226,7 +204,7 @@ class Session(MessageFactory):
         """
         self._check_open()
         topic = Topic(name)
-        self._rpc(lambda: self._ensure_exchange(name))
+        self._rpc(lambda: self._admin.ensure_exchange(name))
         self._record(Declared.TOPIC, name)
         return topic
 
@@ -249,14 +227,15 @@ class Session(MessageFactory):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
 
-        def take_in(opened_on: int) -> bool:
+        def take_in(opened_on: int, channel: TransportChannel) -> bool:
+            control.attach(channel)
             if self._context.register_producer(control, opened_on):
                 self._producers[producer] = control
                 return True
             del self._producer_channels[producer.id]  # stale
             return False
 
-        self._on_one_transport(lambda: self._producer_channel(producer), control.attach, take_in)
+        self._on_one_transport(lambda: self._producer_channel(producer), take_in)
         return producer
 
     def _producer_context(self) -> ProducerContext:
@@ -315,13 +294,8 @@ class Session(MessageFactory):
         """
         self._check_open()
         if isinstance(destination, Queue):
-
-            def check() -> str:
-                with self._lock:
-                    self._admin().queue_declare(destination.name, passive=True)
-                return destination.name
-
-            queue = self._rpc(check)
+            self._rpc(lambda: self._admin.check_queue(destination.name))
+            queue = destination.name
         elif isinstance(destination, Topic):
             queue = ""  # its private subscription's, declared with its channel
         else:
@@ -340,7 +314,7 @@ class Session(MessageFactory):
         if not isinstance(topic, Topic):
             raise InvalidDestinationError(f"durable subscribers need a Topic, got {topic!r}")
         Queue(name)  # validates the name
-        queue = self._rpc(lambda: self._subscribe(topic, name))
+        queue = self._rpc(lambda: self._admin.subscribe(topic, name))
         self._record(Declared.SUBSCRIPTION, topic.name, name)
         return self._start_consumer(
             *open_consumer(self._consumer_context(), topic, queue, subscription=name)
@@ -353,19 +327,9 @@ class Session(MessageFactory):
             BrokerError: the broker refused.
         """
         self._check_open()
-        self._rpc(lambda: self._admin().queue_delete(name))
+        self._rpc(lambda: self._admin.delete_queue(name))
         with self._lock:
             self._declared.forget_subscription(name)
-
-    def _subscribe(self, topic: Topic, name: str) -> str:
-        self._ensure_exchange(topic.exchange)
-        admin = self._admin()
-        if name:
-            queue, _, _ = admin.queue_declare(name, durable=True)
-        else:
-            queue, _, _ = admin.queue_declare("", durable=False, exclusive=True, auto_delete=True)
-        admin.queue_bind(queue, topic.exchange, "#")
-        return queue
 
     def _start_consumer(
         self, consumer: MessageConsumer, control: ConsumerControl[TransportChannel]
@@ -374,15 +338,16 @@ class Session(MessageFactory):
         consuming, on one transport (``_on_one_transport``)."""
         app_acks = self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
 
-        def take_in(opened_on: int) -> bool:
+        def take_in(opened_on: int, channel: TransportChannel) -> bool:
+            control.attach(channel)
             if self._context.register_consumer(control, app_acks, opened_on):
                 self._consumers[control] = consumer
+                self._channels[consumer.id] = channel
                 return True
-            del self._channels[consumer.id]  # stale
             return False
 
         open_channel = functools.partial(self._new_consumer_channel, consumer, control)
-        self._on_one_transport(open_channel, control.attach, take_in)
+        self._on_one_transport(open_channel, take_in)
         return consumer
 
     def _new_consumer_channel(
@@ -392,15 +357,14 @@ class Session(MessageFactory):
         subscription to a topic gets its queue there first (exclusive, the
         one it had went with its transport)."""
         if consumer.is_topic and consumer.subscription is None:
-            control.resubscribed(self._subscribe(Topic(consumer.destination.name), ""))
+            control.resubscribed(self._admin.subscribe(Topic(consumer.destination.name), ""))
         return self._consumer_channel(consumer)
 
     def _consumer_channel(self, consumer: MessageConsumer) -> TransportChannel:
+        """A new channel for the consumer; who attaches it records it."""
         channel = self._context.open_channel(consumer)
         if self.transacted:
             channel.tx_select()
-        with self._lock:
-            self._channels[consumer.id] = channel
         return channel
 
     def _consumer_closed(self, consumer: ConsumerControl[TransportChannel], dropped: int) -> None:
@@ -506,19 +470,31 @@ class Session(MessageFactory):
         """Redeliver the consumer's unacked messages: new channel, fresh accounting.
 
         Closing the old channel requeues everything it had unacked, and no
-        stale delivery can reach the new one.
+        stale delivery can reach the new one.  The new one is attached on one
+        transport (``_on_one_transport``): after a loss in between, the old
+        one is the channel that the restore gave the consumer.
         """
-        with self._lock:
-            old = self._channels.get(consumer.id)
-        if old is not None:
-            if rollback:
-                # Closing the channel discards the transaction anyway.
-                with contextlib.suppress(JMSException):
-                    old.tx_rollback()
-            old.close()
-        channel = self._rpc(lambda: self._consumer_channel(consumer))
-        control.attach(channel)
-        self._context.flow.reset(control.id)
+
+        def reopen() -> TransportChannel:
+            with self._lock:
+                old = self._channels.get(consumer.id)
+            if old is not None:
+                if rollback:
+                    # Closing the channel discards the transaction anyway.
+                    with contextlib.suppress(JMSException):
+                        old.tx_rollback()
+                old.close()
+            return self._consumer_channel(consumer)
+
+        def take_in(opened_on: int, channel: TransportChannel) -> bool:
+            if not self._context.holds(opened_on):
+                return False
+            self._channels[consumer.id] = channel
+            control.attach(channel)
+            self._context.flow.reset(control.id)
+            return True
+
+        self._on_one_transport(reopen, take_in)
 
     # ------------------------------------------------------------- close
     def close(self) -> None:
@@ -543,10 +519,7 @@ class Session(MessageFactory):
         for consumer in consumers:
             consumer.close()
         self._closed = True
-        with self._lock:
-            admin, self._admin_channel = self._admin_channel, None
-        if admin is not None:
-            admin.close()
+        self._admin.close()
         self._context.closed(self)
         if errors:
             raise errors[0]
@@ -565,13 +538,13 @@ class Session(MessageFactory):
         Raises:
             JMSException: the new connection failed too (recovery retries).
         """
+        self._admin.forget()
         with self._lock:
-            self._admin_channel = None
             declarations = list(
                 self._declared.replay(
-                    queue=self._ensure_queue,
-                    topic=self._ensure_exchange,
-                    subscription=self._subscribe,
+                    queue=self._admin.ensure_queue,
+                    topic=self._admin.ensure_exchange,
+                    subscription=self._admin.subscribe,
                 )
             )
             producers = list(self._producers.items())
@@ -583,7 +556,10 @@ class Session(MessageFactory):
         for producer, producer_control in producers:
             producer_control.attach(self._producer_channel(producer))
         for control, consumer in consumers:
-            control.attach(self._new_consumer_channel(consumer, control))
+            channel = self._new_consumer_channel(consumer, control)
+            with self._lock:
+                self._channels[consumer.id] = channel
+            control.attach(channel)
             self._context.flow.reset(control.id)
 
 

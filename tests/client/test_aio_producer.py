@@ -557,3 +557,35 @@ async def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_conn
     assert consuming[0].consumed == [queue]
     assert queue in broker.queues
     assert (queue, "prices") in broker.bindings[bound_before_recovery[0] :]
+
+
+@pytest.mark.asyncio
+async def test_a_recover_across_a_loss_and_its_recovery_consumes_on_the_new_connection() -> None:
+    # The restore gives the consumer a channel on the new connection first;
+    # the recover's channel, opened on the dead one, must not replace it.
+    broker = Broker(queues={"orders"})
+    connection = await fake_factory(broker, FAST).create_connection()
+    connection.start()
+    session = connection.create_session(rabbitflow.CLIENT_ACKNOWLEDGE)
+    consumer = await session.create_consumer(rabbitflow.Queue("orders"))
+    first = broker.transports[0]
+
+    async def lose_and_recover() -> None:
+        first.emit_lost()
+        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the recover's
+    await session.recover()
+    stale = first.channels[-1]
+    assert stale.handler is not consumer  # its late deliveries reach nobody
+    assert stale.closed
+    assert stale.consumed == []
+    live = [c for c in broker.transports[1].channels if c.handler is consumer and not c.closed]
+    assert len(live) == 1
+    assert live[0].consumed == ["orders"]
+    live[0].emit_deliver(1, b"after")
+    message = await consumer.receive(0)
+    assert isinstance(message, rabbitflow.TextMessage)
+    assert message.text == "after"
+    message.acknowledge()
+    assert live[0].acks == [(1, True)]

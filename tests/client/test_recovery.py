@@ -8,7 +8,7 @@ import rabbitflow
 from rabbitflow._connection import reconnect_strategy
 from rabbitflow._properties import ClientConfig
 
-from .fakes import Harness, make_harness
+from .fakes import FakeChannel, Harness, make_harness
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -423,3 +423,84 @@ def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_connection
     assert ("consume", queue) in consuming[0].calls
     assert queue in h.broker.queues
     assert (queue, "prices", "#") in h.broker.bindings[bound_before_recovery[0] :]
+
+
+def _consumer_restarted_across_a_loss(
+    transacted: bool, restart: Callable[[rabbitflow.Session], None]
+) -> tuple[Harness, rabbitflow.Session, rabbitflow.MessageConsumer]:
+    """A consumer whose session's ``restart`` (recover() or rollback()) opens
+    the consumer's new channel, and then the connection drops and recovery
+    restores the session before the restart has attached that channel."""
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    connection.start()
+    session = connection.create_session(transacted, rabbitflow.CLIENT_ACKNOWLEDGE)
+    consumer = session.create_consumer(session.create_queue("orders"))
+    first = h.transport
+
+    def lose_and_recover() -> None:
+        first.emit_lost()
+        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the restart's
+    restart(session)
+    return h, session, consumer
+
+
+def _live_channel(h: Harness, consumer: rabbitflow.MessageConsumer) -> FakeChannel:
+    """The consumer's one open channel, on the new connection; the restart's
+    channel on the old one was left (its late deliveries reach nobody)."""
+    first, second = h.broker.transports
+    stale = first.channels[-1]
+    assert (stale.detached, stale.closed) == (True, True)
+    assert not any(call[0] == "consume" for call in stale.calls)
+    live = [c for c in second.channels if c.handler is consumer and not c.closed]
+    assert len(live) == 1
+    assert ("consume", "orders") in live[0].calls
+    return live[0]
+
+
+def test_a_recover_across_a_loss_and_its_recovery_consumes_on_the_new_connection() -> None:
+    # The restore gives the consumer a channel on the new connection first;
+    # the recover's channel, opened on the dead one, must not replace it.
+    h, _, consumer = _consumer_restarted_across_a_loss(False, lambda s: s.recover())
+    live = _live_channel(h, consumer)
+    live.emit_deliver(1, b"after")
+    message = consumer.receive_no_wait()
+    assert isinstance(message, rabbitflow.TextMessage)
+    assert message.text == "after"
+    message.acknowledge()
+    assert live.calls[-1] == ("ack", 1, True)
+
+
+def test_a_rollback_across_a_loss_and_its_recovery_consumes_on_the_new_connection() -> None:
+    h, _, consumer = _consumer_restarted_across_a_loss(True, lambda s: s.rollback())
+    live = _live_channel(h, consumer)
+    assert live.transactional
+    live.emit_deliver(1, b"after")
+    message = consumer.receive_no_wait()
+    assert isinstance(message, rabbitflow.TextMessage)
+    assert message.text == "after"
+
+
+def test_a_recover_as_the_connection_is_lost_consumes_on_the_new_connection() -> None:
+    # The loss comes after the recover's channel opened, while recovery runs
+    # on its own thread: whichever wins, the consumer ends up consuming on
+    # the new connection, on one channel.
+    h = make_harness()
+    h.broker.queues["orders"] = {}
+    connection = h.factory.create_connection()
+    connection.start()
+    session = connection.create_session(False, rabbitflow.CLIENT_ACKNOWLEDGE)
+    consumer = session.create_consumer(session.create_queue("orders"))
+    first = h.transport
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = first.emit_lost
+    session.recover()
+    wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+    live = _live_channel(h, consumer)
+    live.emit_deliver(1, b"after")
+    message = consumer.receive_no_wait()
+    assert message is not None
+    message.acknowledge()
+    assert live.calls[-1] == ("ack", 1, True)

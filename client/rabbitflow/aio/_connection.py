@@ -198,6 +198,7 @@ class Connection(ConnectionBase):
             wait_usable=self._wait_usable,
             recovering_or_lost=self._recovering_or_lost,
             transport_in_use=lambda: self._state.in_use,
+            holds=self._state.holds,
             open_channel=self._open_channel,
             report=self._report,
             started=lambda: self._started,

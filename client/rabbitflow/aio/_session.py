@@ -71,6 +71,8 @@ class SessionContext:
     wait_usable: Callable[[], Awaitable[None]]  # suspend until it is
     recovering_or_lost: Callable[[], bool]
     transport_in_use: Callable[[], int]  # its generation (see register_producer)
+    # a channel opened on that transport is still on the one in use, and open
+    holds: Callable[[int], bool]
     open_channel: Callable[[ChannelHandler], Awaitable[AioChannel]]
     report: Callable[[JMSException], None]  # to the exception listener
     started: Callable[[], bool]  # delivery to consumers is on
@@ -123,18 +125,19 @@ class Session(MessageFactory):
     async def _on_one_transport(
         self,
         open_channel: Callable[[], Awaitable[AioChannel]],
-        attach: Callable[[AioChannel], None],
-        take_in: Callable[[int], bool],
+        take_in: Callable[[int, AioChannel], bool],
     ) -> None:
-        """Give a new producer or consumer its channel and register it, on
-        one transport.
+        """Attach a new channel to a producer or consumer (a new one, or one
+        that recover() moves), on one transport.
 
         A recovery restores what the connection has registered and the
-        session holds; a loss while the channel was opened would leave this
-        one out.  So ``take_in(opened_on)`` (no await between the channel's
-        opening and it) takes it in only if the connection registers it on
-        the transport its channel was opened on, while open; else (False)
-        that channel is stale: open another.
+        session holds; after a loss while the channel was opened, its
+        recovery leaves a new one out, or gives a moved one a channel that
+        the stale one must not replace.  So ``take_in(opened_on, channel)``
+        (no await between the channel's opening and it) attaches the channel
+        only if the transport it was opened on is still in use and open (a
+        new one's: if the connection registers it there); else (False) that
+        channel is stale: open another.
 
         Raises:
             ConnectionLostError: the connection kept failing.
@@ -147,8 +150,7 @@ class Session(MessageFactory):
 
         for _ in range(_ATTEMPTS):
             opened_on, channel = await self._rpc(opened)
-            attach(channel)
-            if take_in(opened_on):
+            if take_in(opened_on, channel):
                 return
             channel.detach()  # its late events must not reach the producer or consumer
             await channel.close()
@@ -215,14 +217,15 @@ class Session(MessageFactory):
             raise InvalidDestinationError(f"not a destination: {destination!r}")
         producer, control = open_producer(self._producer_context(), destination, capacity)
 
-        def take_in(opened_on: int) -> bool:
+        def take_in(opened_on: int, channel: AioChannel) -> bool:
+            control.attach(channel)
             if self._context.register_producer(control, opened_on):
                 self._producers[producer] = control
                 return True
             return False
 
         open_channel = functools.partial(self._producer_channel, producer)
-        await self._on_one_transport(open_channel, control.attach, take_in)
+        await self._on_one_transport(open_channel, take_in)
         return producer
 
     def _producer_context(self) -> ProducerContext:
@@ -313,14 +316,15 @@ class Session(MessageFactory):
         consuming, on one transport (``_on_one_transport``)."""
         app_acks = self.acknowledge_mode == CLIENT_ACKNOWLEDGE
 
-        def take_in(opened_on: int) -> bool:
+        def take_in(opened_on: int, channel: AioChannel) -> bool:
+            control.attach(channel)
             if self._context.register_consumer(control, app_acks, opened_on):
                 self._consumers[control] = consumer
                 return True
             return False
 
         open_channel = functools.partial(self._new_consumer_channel, consumer, control)
-        await self._on_one_transport(open_channel, control.attach, take_in)
+        await self._on_one_transport(open_channel, take_in)
         return consumer
 
     async def _new_consumer_channel(
@@ -358,12 +362,29 @@ class Session(MessageFactory):
         """
         self._check_open()
         for control, consumer in list(self._consumers.items()):
+            await self._restart_consumer(consumer, control)
+
+    async def _restart_consumer(
+        self, consumer: MessageConsumer, control: ConsumerControl[AioChannel]
+    ) -> None:
+        """Close the consumer's channel, attach a new one on one transport
+        (``_on_one_transport``: after a loss in between, the restore's
+        channel is the one to close) and start its accounting afresh."""
+
+        async def reopen() -> AioChannel:
             old = control.channel()
             if old is not None:
                 await old.close()
-            channel = await self._rpc(functools.partial(self._context.open_channel, consumer))
+            return await self._context.open_channel(consumer)
+
+        def take_in(opened_on: int, channel: AioChannel) -> bool:
+            if not self._context.holds(opened_on):
+                return False
             control.attach(channel)
             self._context.flow.reset(control.id)
+            return True
+
+        await self._on_one_transport(reopen, take_in)
 
     async def unsubscribe(self, name: str) -> None:
         """Delete the durable subscription ``name`` (its queue).
