@@ -35,6 +35,7 @@ from ._session_core import (
     MessageFactory,
     check_acknowledge_mode,
 )
+from ._session_tx import Transaction, sent_counts
 from ._transport_base import ChannelHandler
 from ._transport_channel import TransportChannel
 
@@ -118,7 +119,7 @@ class Session(MessageFactory):
         self._declared = Declarations()
         self._channels: dict[int, TransportChannel] = {}  # consumer id -> channel
         self._producer_channels: dict[str, TransportChannel] = {}
-        self._tx_broken = False
+        self._tx = Transaction()
         self._closed = False
 
     # ------------------------------------------------------------ helpers
@@ -420,7 +421,7 @@ class Session(MessageFactory):
             raise IllegalStateError("commit() on a non-transacted session")
         with self._lock:
             consumers = list(self._consumers)
-            broken = self._tx_broken
+            broken = self._tx.broken
         if broken:
             self.rollback()
             raise TransactionRolledBackError(
@@ -437,18 +438,43 @@ class Session(MessageFactory):
     def rollback(self) -> None:
         """Discard messages sent and redeliver messages received in this transaction.
 
+        A connection loss meanwhile does not fail it: it runs again on the
+        channels the recovery gave (``Transaction``: when the next one is whole).
+
         Raises:
             IllegalStateError: not a transacted session, or closed.
+            ConnectionLostError: the connection kept failing.
         """
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("rollback() on a non-transacted session")
         with self._lock:
-            self._tx_broken = False
-            producer_channels = list(self._producer_channels.values())
-        for channel in producer_channels:
-            self._rpc(channel.tx_rollback)
+            self._tx.rollback_started()
+            sent = sent_counts(self._producers)
+        for _ in range(_ATTEMPTS):
+            ran_on = self._roll_back_once()
+            with self._lock:  # a restore marks the transaction broken under it
+                if ran_on is not None and self._context.holds(ran_on):
+                    self._tx.rolled_back(sent, sent_counts(self._producers))
+                    return
+        raise ConnectionLostError("connection kept failing during the rollback")
+
+    def _roll_back_once(self) -> int | None:
+        """Roll back each producer's channel and restart each consumer: the
+        generation of the transport that ran on, None when a loss stopped it."""
+        self._context.wait_usable()
+        ran_on = self._context.transport_in_use()
+        with self._lock:
+            channels = list(self._producer_channels.values())
+        try:
+            for channel in channels:
+                channel.tx_rollback()
+        except JMSException:  # a dead channel: lost, or closed with its connection
+            if self._context.holds(ran_on) and not self._context.recovering_or_lost():
+                raise
+            return None
         self._restart_consumers(rollback=True)
+        return ran_on
 
     def _tx_channels(self) -> list[TransportChannel]:
         with self._lock:
@@ -550,7 +576,7 @@ class Session(MessageFactory):
             producers = list(self._producers.items())
             consumers = list(self._consumers.items())
             if self.transacted:
-                self._tx_broken = True
+                self._tx.lost()
         for declare in declarations:
             declare()
         for producer, producer_control in producers:

@@ -97,6 +97,9 @@ class FakeBroker:
     # (transport index, k) -> what to play just after its k-th channel opened,
     # before the SDK has the channel.
     after_channel_open: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
+    # (transport index, channel number) -> what to play while that channel's
+    # tx.rollback is on its way, before the broker answers it.
+    at_tx_rollback: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
     refusing: bool = False  # every later connect is refused
 
 
@@ -125,12 +128,23 @@ class FakeChannel:
     def tx_select(self) -> None:
         self.transactional = True
 
+    def _check_alive(self) -> None:
+        """A channel of a lost connection (or closed) answers nothing: the
+        real one raises ConnectionLostError."""
+        if self.transport.lost or self.closed:
+            raise rabbitflow.ConnectionLostError("fake channel is gone")
+
     def tx_commit(self) -> None:
+        self._check_alive()
         self.calls.append(("tx_commit",))
         self.broker.committed.extend(self.uncommitted)
         self.uncommitted.clear()
 
     def tx_rollback(self) -> None:
+        play = self.broker.at_tx_rollback.pop((self.transport.index, self.number), None)
+        if play is not None:
+            play()
+        self._check_alive()
         self.calls.append(("tx_rollback",))
         self.uncommitted.clear()
 
@@ -181,8 +195,7 @@ class FakeChannel:
     def publish(
         self, exchange: str, routing_key: str, body: bytes, props: WireProperties, mandatory: bool
     ) -> None:
-        if self.transport.lost or self.closed:
-            raise rabbitflow.ConnectionLostError("fake channel is gone")
+        self._check_alive()
         if self.transport.index in self.broker.lose_at_first_publish:
             self.broker.lose_at_first_publish.discard(self.transport.index)
             self.transport.emit_lost()
