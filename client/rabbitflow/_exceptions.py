@@ -11,7 +11,8 @@ from the builtin exception a Python caller would catch (in brackets)::
     │                                 fix the CA / certificate settings
     ├── FlowControlTimeoutError       [TimeoutError] send() waited too long under
     │                                 flow control; the message was not sent,
-    │                                 retry later
+    │                                 retry later (a commit(): nothing was
+    │                                 committed, the transaction stays open)
     ├── UnconfirmedMessagesError      close() could not get every sent message
     │                                 confirmed; ``unconfirmed`` says how many
     │                                 (they may still be enqueued)
@@ -66,7 +67,9 @@ class TLSError(JMSException):
 class FlowControlTimeoutError(JMSException, TimeoutError):
     """send() was held by broker flow control past the wait-failure time.
 
-    The message was not sent.  Also a builtin ``TimeoutError``.
+    The message was not sent.  Also a builtin ``TimeoutError``.  A
+    transacted session's ``commit()`` raises it when flow control held a
+    message of the transaction unpublished that long: nothing was committed.
     """
 
 

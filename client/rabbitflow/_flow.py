@@ -432,6 +432,20 @@ class ProducerWindow(Generic[T]):
             self._next_tag = 1
         return notices
 
+    def drop_queued(self) -> int:
+        """Remove what is accepted and not yet published (a transaction being
+        rolled back discards it); return how many.  What is published stays
+        (the broker discards it with the transaction, or confirms it); the
+        dropped ones leave the retry and the re-send marks too, so that a
+        retry does not wait for a confirm that cannot come."""
+        dropped = [seq for seq, _ in self._queued]
+        self._queued.clear()
+        self._retry.difference_update(dropped)
+        self._resend.difference_update(dropped)
+        if not self._retry:
+            self._backoff = self._backoff_initial  # as a confirmed re-send does
+        return len(dropped)
+
     def drain(self) -> list[T]:
         """Remove and return everything not confirmed, in send order (for a failed close)."""
         items = sorted([*self._queued, *self._unconfirmed.values()], key=lambda p: p[0])

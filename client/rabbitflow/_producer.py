@@ -40,7 +40,7 @@ from ._properties import ClientConfig
 from ._transport_base import Delivery
 from ._transport_channel import TransportChannel
 
-__all__ = ["MessageProducer", "ProducerContext", "open_producer"]
+__all__ = ["MessageProducer", "ProducerContext", "SessionProducerControl", "open_producer"]
 
 _ids = itertools.count(1)
 # A send that finds its pump posted this long ago (s) and not yet run lets
@@ -243,32 +243,43 @@ class MessageProducer(ProducerCounters):
             if flow_started is None and self._window.flow_signalled:
                 flow_started = now
                 _otel.blocked(span, self._window.wait_reason())
-            if self._window.gate.disconnected:
-                # Recovery decides (whether or not the new connection is
-                # blocked): no flow control timeout; its failure sets _error.
-                wait = None
-                self._cond.wait(0.5)
-                continue
-            if self._config.wait_failure_ms == 0 and not self._window.flow_signalled:
-                # SPEC: 0 means "raise at once under flow control"; a window
-                # merely full is not flow control, so wait for its confirms
-                # silently (a dead connection ends the wait through recovery).
-                wait = None
-                self._wait(self._cond, 0.5)
-                continue
-            if wait is None:
-                wait = SendWait(
-                    now,
-                    notify_period_ms=self._config.notify_period_ms,
-                    wait_failure_ms=self._config.wait_failure_ms,
-                )
-            step = wait.poll(now)
-            for notice in step.notices:
-                self._log.wait(notice, target)
-            if step.failed is not None:
-                self._log.wait(step.failed, target)
-                raise timeout_error(step.failed)
-            self._wait(self._cond, max(step.wake_at - now, 0.001))
+            wait = self._wait_once(wait, now, target)
+
+    def _wait_once(
+        self, wait: SendWait | None, now: float, target: Destination | None
+    ) -> SendWait | None:
+        """Wait once (holding ``_cond``) for the window to move on; return the
+        bookkeeping of the wait to pass to the next call.
+
+        Raises:
+            FlowControlTimeoutError: flow control held it for
+                ``qpid.flow_control_wait_failure`` ms.
+        """
+        if self._window.gate.disconnected:
+            # Recovery decides (whether or not the new connection is
+            # blocked): no flow control timeout; its failure sets _error.
+            self._cond.wait(0.5)
+            return None
+        if self._config.wait_failure_ms == 0 and not self._window.flow_signalled:
+            # SPEC: 0 means "raise at once under flow control"; a window
+            # merely full is not flow control, so wait for its confirms
+            # silently (a dead connection ends the wait through recovery).
+            self._wait(self._cond, 0.5)
+            return None
+        if wait is None:
+            wait = SendWait(
+                now,
+                notify_period_ms=self._config.notify_period_ms,
+                wait_failure_ms=self._config.wait_failure_ms,
+            )
+        step = wait.poll(now)
+        for notice in step.notices:
+            self._log.wait(notice, target)
+        if step.failed is not None:
+            self._log.wait(step.failed, target)
+            raise timeout_error(step.failed)
+        self._wait(self._cond, max(step.wake_at - now, 0.001))
+        return wait
 
     def _hand_off(self) -> None:
         """Let the posted pump run if it has waited ``_HANDOFF_AFTER`` (holding ``_cond``).
@@ -401,11 +412,55 @@ class MessageProducer(ProducerCounters):
             self._error = error
             self._cond.notify_all()
 
+    # ------------------------------------------ transacted session (any thread)
+    def _discard(self) -> int:
+        """The transaction rolls back: drop what send() accepted and the pump
+        has not published (else it would go out later, in the next
+        transaction); return how many.  Sends waiting for room go on."""
+        with self._cond:
+            dropped = self._window.drop_queued()
+            self._cond.notify_all()
+        return dropped
+
+    def _flush(self) -> None:
+        """The transaction commits: return once everything send() accepted is
+        published on the channel, ahead of its tx.commit (the pump publishes
+        it, waiting as a send does under flow control).  A closed producer's
+        channel is not committed: nothing to wait for.
+
+        Raises:
+            FlowControlTimeoutError: flow control held it back for
+                ``qpid.flow_control_wait_failure`` ms; it stays unpublished.
+            JMSException: the broker closed the channel, or recovery gave up.
+        """
+        with self._cond:
+            wait: SendWait | None = None
+            while not self._window.idle and not self._closed:
+                if self._error is not None:
+                    raise self._error
+                wait = self._wait_once(wait, self._clock(), None)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SessionProducerControl(ProducerControl[TransportChannel]):
+    """A sync producer as its session and connection drive it: also what a
+    transacted session's rollback and commit do to its unpublished messages."""
+
+    discard: Callable[[], int]  # rollback: drop them; how many
+    flush: Callable[[], None]  # commit: publish them first (see MessageProducer._flush)
+
 
 def open_producer(
     context: ProducerContext, destination: Destination | None, capacity: int
-) -> tuple[MessageProducer, ProducerControl[TransportChannel]]:
+) -> tuple[MessageProducer, SessionProducerControl]:
     """A new producer, and the control its session and connection drive it through."""
     producer = MessageProducer(context, destination, capacity)
-    control = ProducerControl(producer._attach, producer._gate, producer._lost, producer._fail)
+    control = SessionProducerControl(
+        producer._attach,
+        producer._gate,
+        producer._lost,
+        producer._fail,
+        producer._discard,
+        producer._flush,
+    )
     return producer, control

@@ -164,8 +164,9 @@ class FlowLog:
             "capacity": self._window.capacity,
         }
 
-    def wait(self, notice: SendDelayed | SendFailed, target: Destination) -> None:
-        """A waiting send's "delayed" warning or its failure."""
+    def wait(self, notice: SendDelayed | SendFailed, target: Destination | None) -> None:
+        """A waiting send's "delayed" warning or its failure (``target``: the
+        send's destination; None: the producer's, as for a commit's wait)."""
         log_wait(notice, self._window.wait_reason(), self.fields(target))
 
     def notices(self, notices: list[GateNotice]) -> None:

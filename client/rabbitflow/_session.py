@@ -7,7 +7,7 @@ import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from ._connection_core import ConsumerFlowBook
 from ._consumer import ConsumerContext, MessageConsumer, open_consumer
@@ -19,7 +19,7 @@ from ._exceptions import (
     JMSException,
     TransactionRolledBackError,
 )
-from ._producer import MessageProducer, ProducerContext, open_producer
+from ._producer import MessageProducer, ProducerContext, SessionProducerControl, open_producer
 from ._producer_core import ProducerControl, check_capacity
 from ._properties import ClientConfig
 from ._session_admin import SessionAdmin
@@ -35,16 +35,14 @@ from ._session_core import (
     MessageFactory,
     check_acknowledge_mode,
 )
+from ._session_retry import ATTEMPTS, SessionRetry
 from ._session_tx import Transaction, sent_counts
 from ._transport_base import ChannelHandler
 from ._transport_channel import TransportChannel
 
 __all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 
-R = TypeVar("R")
-
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE, SESSION_TRANSACTED}
-_ATTEMPTS = 5  # of an operation that a connection loss interrupts
 
 
 class ConnectionControl(Protocol):
@@ -110,8 +108,9 @@ class Session(MessageFactory):
         self.transacted = bool(transacted) or acknowledge_mode == SESSION_TRANSACTED
         self.acknowledge_mode = SESSION_TRANSACTED if self.transacted else acknowledge_mode
         self._lock = threading.RLock()
+        self._retry = SessionRetry(context, self._lock)
         self._admin = SessionAdmin(context.open_channel)
-        self._producers: dict[MessageProducer, ProducerControl[TransportChannel]] = {}
+        self._producers: dict[MessageProducer, SessionProducerControl] = {}
         self._consumers: dict[ConsumerControl[TransportChannel], MessageConsumer] = {}
         self._deliveries = Deliveries(
             self.acknowledge_mode, self.acknowledge, context.flow.processed
@@ -126,53 +125,6 @@ class Session(MessageFactory):
     def _check_open(self) -> None:
         if self._closed:
             raise IllegalStateError("session is closed")
-
-    def _rpc(self, fn: Callable[[], R]) -> R:
-        """Run a broker operation, riding out a connection recovery.
-
-        Raises:
-            ConnectionLostError: recovery gave up.
-            JMSException: the broker refused.
-        """
-        for _ in range(_ATTEMPTS):
-            self._context.wait_usable()
-            try:
-                return fn()
-            except ConnectionLostError:
-                if not self._context.recovering_or_lost():
-                    raise
-        raise ConnectionLostError("connection kept failing during the operation")
-
-    def _on_one_transport(
-        self,
-        open_channel: Callable[[], TransportChannel],
-        take_in: Callable[[int, TransportChannel], bool],
-    ) -> None:
-        """Attach a new channel to a producer or consumer (a new one, or one
-        that recover() or rollback() moves), on one transport.
-
-        A recovery restores what the connection has registered (the loss
-        detaches it) and the session holds (the restore re-opens its
-        channels).  So ``take_in(opened_on, channel)`` runs under the session
-        lock (the restore waits for it) and attaches the channel only if the
-        transport it was opened on is still in use and open (a new one's: if
-        the connection registers it there).  Else (False, leaving nothing
-        behind) a loss came in between and the channel is stale: its recovery
-        left a new one out, or gives a moved one a channel that the stale one
-        must not replace; open another.
-
-        Raises:
-            ConnectionLostError: the connection kept failing.
-        """
-        context = self._context
-        for _ in range(_ATTEMPTS):
-            opened_on, channel = self._rpc(lambda: (context.transport_in_use(), open_channel()))
-            with self._lock:
-                if take_in(opened_on, channel):
-                    return
-            channel.detach()  # its late events must not reach the producer or consumer
-            channel.close()
-        raise ConnectionLostError("connection kept failing while creating a producer or consumer")
 
     def _record(self, kind: Declared, name: str, subscription: str = "") -> None:
         with self._lock:
@@ -191,7 +143,7 @@ class Session(MessageFactory):
         """
         self._check_open()
         queue = Queue(name)
-        self._rpc(lambda: self._admin.ensure_queue(name))
+        self._retry.rpc(lambda: self._admin.ensure_queue(name))
         self._record(Declared.QUEUE, name)
         return queue
 
@@ -205,7 +157,7 @@ class Session(MessageFactory):
         """
         self._check_open()
         topic = Topic(name)
-        self._rpc(lambda: self._admin.ensure_exchange(name))
+        self._retry.rpc(lambda: self._admin.ensure_exchange(name))
         self._record(Declared.TOPIC, name)
         return topic
 
@@ -236,7 +188,7 @@ class Session(MessageFactory):
             del self._producer_channels[producer.id]  # stale
             return False
 
-        self._on_one_transport(lambda: self._producer_channel(producer), take_in)
+        self._retry.on_one_transport(lambda: self._producer_channel(producer), take_in)
         return producer
 
     def _producer_context(self) -> ProducerContext:
@@ -295,7 +247,7 @@ class Session(MessageFactory):
         """
         self._check_open()
         if isinstance(destination, Queue):
-            self._rpc(lambda: self._admin.check_queue(destination.name))
+            self._retry.rpc(lambda: self._admin.check_queue(destination.name))
             queue = destination.name
         elif isinstance(destination, Topic):
             queue = ""  # its private subscription's, declared with its channel
@@ -315,7 +267,7 @@ class Session(MessageFactory):
         if not isinstance(topic, Topic):
             raise InvalidDestinationError(f"durable subscribers need a Topic, got {topic!r}")
         Queue(name)  # validates the name
-        queue = self._rpc(lambda: self._admin.subscribe(topic, name))
+        queue = self._retry.rpc(lambda: self._admin.subscribe(topic, name))
         self._record(Declared.SUBSCRIPTION, topic.name, name)
         return self._start_consumer(
             *open_consumer(self._consumer_context(), topic, queue, subscription=name)
@@ -328,7 +280,7 @@ class Session(MessageFactory):
             BrokerError: the broker refused.
         """
         self._check_open()
-        self._rpc(lambda: self._admin.delete_queue(name))
+        self._retry.rpc(lambda: self._admin.delete_queue(name))
         with self._lock:
             self._declared.forget_subscription(name)
 
@@ -336,7 +288,7 @@ class Session(MessageFactory):
         self, consumer: MessageConsumer, control: ConsumerControl[TransportChannel]
     ) -> MessageConsumer:
         """Give a new consumer its channel and register it, which starts it
-        consuming, on one transport (``_on_one_transport``)."""
+        consuming, on one transport (``SessionRetry.on_one_transport``)."""
         app_acks = self.transacted or self.acknowledge_mode == CLIENT_ACKNOWLEDGE
 
         def take_in(opened_on: int, channel: TransportChannel) -> bool:
@@ -348,7 +300,7 @@ class Session(MessageFactory):
             return False
 
         open_channel = functools.partial(self._new_consumer_channel, consumer, control)
-        self._on_one_transport(open_channel, take_in)
+        self._retry.on_one_transport(open_channel, take_in)
         return consumer
 
     def _new_consumer_channel(
@@ -406,8 +358,10 @@ class Session(MessageFactory):
     def commit(self) -> None:
         """Commit the messages sent and received in this transaction.
 
-        Returns once the broker answered tx.commit-ok (a flow-controlling
-        gateway holds it while the queues are over their threshold).
+        Waits until each producer has published what it accepted (as a send
+        waits under flow control), then returns once the broker answered
+        tx.commit-ok (a flow-controlling gateway holds it while the queues
+        are over their threshold).
 
         Raises:
             IllegalStateError: not a transacted session, or closed.
@@ -415,31 +369,57 @@ class Session(MessageFactory):
                 transaction; its work was rolled back, including what was
                 sent after the reconnection, so a retry of the whole
                 transaction sends each message once.
+            FlowControlTimeoutError: flow control held a message sent in
+                the transaction back for ``qpid.flow_control_wait_failure``
+                ms; nothing was committed and the transaction stays open
+                (commit again, or roll back).
+            JMSException: the broker closed a producer's channel.
         """
         self._check_open()
         if not self.transacted:
             raise IllegalStateError("commit() on a non-transacted session")
+        self._whole_transaction()
         with self._lock:
-            consumers = list(self._consumers)
+            producers = list(self._producers.values())
+        try:
+            for producer in producers:  # tx.commit must cover what they accepted
+                producer.flush()
+            consumers, channels = self._whole_transaction()  # a loss while they published
+            for consumer in consumers:
+                self._context.flow.acknowledged(consumer.id)
+            for channel in channels:
+                channel.tx_commit()
+        except ConnectionLostError as exc:  # the connection failed: nothing survives
+            raise TransactionRolledBackError(f"commit failed: {exc}") from exc
+
+    def _whole_transaction(
+        self,
+    ) -> tuple[list[ConsumerControl[TransportChannel]], list[TransportChannel]]:
+        """The consumers and the channels of a transaction no connection loss
+        broke (taken with that answer: a restore replaces the channels after
+        it marks the transaction broken, so a later loss fails their commit).
+
+        Raises:
+            TransactionRolledBackError: a loss broke it; it was rolled back.
+        """
+        with self._lock:
             broken = self._tx.broken
+            consumers = list(self._consumers)
+            channels = [*self._producer_channels.values(), *self._channels.values()]
         if broken:
             self.rollback()
             raise TransactionRolledBackError(
                 "the connection was lost during the transaction; it was rolled back"
             )
-        for consumer in consumers:
-            self._context.flow.acknowledged(consumer.id)
-        try:
-            for channel in self._tx_channels():
-                channel.tx_commit()
-        except ConnectionLostError as exc:
-            raise TransactionRolledBackError(f"commit failed: {exc}") from exc
+        return consumers, channels
 
     def rollback(self) -> None:
         """Discard messages sent and redeliver messages received in this transaction.
 
-        A connection loss meanwhile does not fail it: it runs again on the
-        channels the recovery gave (``Transaction``: when the next one is whole).
+        Messages sent and not yet published (held back by flow control, or
+        not yet handed to the I/O thread) are dropped too.  A connection loss
+        meanwhile does not fail it: it runs again on the channels the
+        recovery gave (``Transaction``: when the next one is whole).
 
         Raises:
             IllegalStateError: not a transacted session, or closed.
@@ -451,7 +431,7 @@ class Session(MessageFactory):
         with self._lock:
             self._tx.rollback_started()
             sent = sent_counts(self._producers)
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             ran_on = self._roll_back_once()
             with self._lock:  # a restore marks the transaction broken under it
                 if ran_on is not None and self._context.holds(ran_on):
@@ -460,25 +440,29 @@ class Session(MessageFactory):
         raise ConnectionLostError("connection kept failing during the rollback")
 
     def _roll_back_once(self) -> int | None:
-        """Roll back each producer's channel and restart each consumer: the
-        generation of the transport that ran on, None when a loss stopped it."""
+        """Drop each producer's unpublished messages, roll back its channel and
+        restart each consumer: the generation of the transport that ran on,
+        None when a loss stopped it.
+
+        Dropped first: a pump that took some before publishes them ahead of
+        the tx.rollback (one I/O thread, in order), and none publishes any
+        after it."""
         self._context.wait_usable()
         ran_on = self._context.transport_in_use()
         with self._lock:
+            producers = list(self._producers.values())
             channels = list(self._producer_channels.values())
+        for producer in producers:
+            producer.discard()
         try:
             for channel in channels:
                 channel.tx_rollback()
         except JMSException:  # a dead channel: lost, or closed with its connection
-            if self._context.holds(ran_on) and not self._context.recovering_or_lost():
+            if not self._retry.lost_since(ran_on):
                 raise
             return None
         self._restart_consumers(rollback=True)
         return ran_on
-
-    def _tx_channels(self) -> list[TransportChannel]:
-        with self._lock:
-            return [*self._producer_channels.values(), *self._channels.values()]
 
     def _restart_consumers(self, *, rollback: bool) -> None:
         with self._lock:
@@ -497,7 +481,7 @@ class Session(MessageFactory):
 
         Closing the old channel requeues everything it had unacked, and no
         stale delivery can reach the new one.  The new one is attached on one
-        transport (``_on_one_transport``): after a loss in between, the old
+        transport (``SessionRetry.on_one_transport``): after a loss in between, the old
         one is the channel that the restore gave the consumer.
         """
 
@@ -520,7 +504,7 @@ class Session(MessageFactory):
             self._context.flow.reset(control.id)
             return True
 
-        self._on_one_transport(reopen, take_in)
+        self._retry.on_one_transport(reopen, take_in)
 
     # ------------------------------------------------------------- close
     def close(self) -> None:

@@ -36,6 +36,9 @@ class Broker:
     after_channel_open: dict[tuple[int, int], Callable[[], Awaitable[None]]] = field(
         default_factory=dict
     )
+    # queue name -> what to play while its next queue.declare is on its way
+    # (then a channel of a lost connection raises, as the real one does)
+    at_queue_declare: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
 
 
 class FakeAioChannel:
@@ -57,6 +60,11 @@ class FakeAioChannel:
     async def queue_declare(
         self, name: str, *, passive: bool = False, **_kw: Any
     ) -> tuple[str, int, int]:
+        play = self.transport.broker.at_queue_declare.pop(name, None)
+        if play is not None:
+            await play()
+            if self.closed or self.transport.lost:
+                raise rabbitflow.ConnectionLostError("fake channel is gone")
         if passive and name not in self.transport.broker.queues:
             raise InvalidDestinationError(f"404 no queue {name}")
         name = name or f"amq.gen-{len(self.transport.broker.queues)}"

@@ -100,6 +100,9 @@ class FakeBroker:
     # (transport index, channel number) -> what to play while that channel's
     # tx.rollback is on its way, before the broker answers it.
     at_tx_rollback: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
+    # ... while its confirm.select or tx.select is on its way (then a dead
+    # channel raises, as the real one does).
+    at_select: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
     refusing: bool = False  # every later connect is refused
 
 
@@ -123,10 +126,21 @@ class FakeChannel:
         return self.transport.broker
 
     def confirm_select(self) -> None:
+        self._play_at_select()
         self.confirming = True
 
     def tx_select(self) -> None:
+        self._play_at_select()
         self.transactional = True
+
+    def _play_at_select(self) -> None:
+        # Without a fault played here a select passes even on a lost
+        # connection: tests that lose it just after a channel opened take
+        # the select as one that got its answer before the loss.
+        play = self.broker.at_select.pop((self.transport.index, self.number), None)
+        if play is not None:
+            play()
+            self._check_alive()
 
     def _check_alive(self) -> None:
         """A channel of a lost connection (or closed) answers nothing: the

@@ -158,6 +158,38 @@ def test_drain_returns_everything_unconfirmed_in_send_order() -> None:
     assert w.drain() == ["a", "b", "c"]
 
 
+def test_drop_queued_drops_only_what_is_not_published_and_frees_its_room() -> None:
+    w = window(3)
+    fill(w, "a", "b")
+    w.take(0.0)
+    fill(w, "c")
+    assert w.drop_queued() == 1
+    assert w.in_flight == 2
+    assert w.take(0.0) == []
+    assert [c.item for c in w.ack(2, multiple=True)] == ["a", "b"]
+    assert w.idle
+    fill(w, "d", "e", "f")  # the whole capacity again
+    assert [(p.tag, p.item) for p in w.take(0.0)] == [(3, "d"), (4, "e"), (5, "f")]
+
+
+def test_a_retry_of_dropped_messages_only_ends_with_the_drop() -> None:
+    # A nacked message that is dropped can never be confirmed: the window
+    # must not wait for it, nor flag a later message as resent.
+    w = window()
+    fill(w, "a", "b")
+    w.take(0.0)
+    w.nack(1, multiple=False, now=0.0)
+    w.handle(GateEvent.CONNECTION_LOST)  # b is queued again, to be resent
+    w.handle(GateEvent.RECONNECTED)
+    assert w.drop_queued() == 2
+    assert w.can_accept()
+    assert not w.flow_signalled
+    fill(w, "c")
+    assert w.take(0.0) == [(1, 3, "c", False)]
+    w.nack(1, multiple=False, now=10.0)
+    assert w.resend_due() == pytest.approx(10.05)  # the initial backoff again
+
+
 def test_capacity_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="capacity"):
         ProducerWindow(0)

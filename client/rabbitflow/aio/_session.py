@@ -112,13 +112,25 @@ class Session(MessageFactory):
             raise IllegalStateError("session is closed")
 
     async def _rpc(self, fn: Callable[[], Awaitable[R]]) -> R:
-        """Run a broker operation, riding out a connection recovery."""
+        """Run a broker operation, riding out a connection recovery.
+
+        Whether an error came from a loss is asked of the transport the
+        attempt started on: by the time the error is seen the recovery may
+        be over, the link open again.
+
+        Raises:
+            ConnectionLostError: recovery gave up, or the connection kept failing.
+            IllegalStateError: the connection was closed.
+            JMSException: the broker refused.
+        """
+        context = self._context
         for _ in range(_ATTEMPTS):
-            await self._context.wait_usable()
+            await context.wait_usable()
+            started_on = context.transport_in_use()
             try:
                 return await fn()
             except ConnectionLostError:
-                if not self._context.recovering_or_lost():
+                if context.holds(started_on) and not context.recovering_or_lost():
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
 
