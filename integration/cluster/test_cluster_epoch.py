@@ -7,6 +7,7 @@ of the shared RabbitMQ.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -22,6 +23,20 @@ LEASE_MS = 1000
 def _owns(member: Member) -> bool:
     view = member.cluster_view()
     return bool(view["owner"] == view["member"])
+
+
+def _record(broker: Broker, name: str) -> list[int]:
+    """The epochs the cluster's epochs record holds (read, and put back)."""
+    connection = broker.blocking_connection()
+    try:
+        channel = connection.channel()
+        method, _, body = channel.basic_get(f"rabbitflow.cluster.{name}.epochs", auto_ack=False)
+        if method is None:
+            return []
+        channel.basic_reject(method.delivery_tag, requeue=True)
+        return [int(json.loads(body)["e"]), method.message_count]
+    finally:
+        connection.close()
 
 
 @pytest.mark.slow
@@ -44,6 +59,8 @@ def test_a_member_started_after_the_owner_left_takes_an_epoch_above_it(
         later.start()
         wait_for(lambda: _owns(later), timeout=10, what="the later member owning")
         assert later.cluster_view()["epoch"] > epoch
+        # RabbitMQ keeps the last epoch taken, alone (messages left behind it: 0).
+        assert _record(broker, name) == [later.cluster_view()["epoch"], 0]
     finally:
         for member in (first, later):
             member.stop()

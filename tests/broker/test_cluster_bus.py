@@ -1,4 +1,5 @@
-"""The cluster bus on the wire: message bodies larger than a frame.
+"""The cluster bus on the wire: message bodies larger than a frame, the
+epochs record, deliveries that come as the bus starts consuming.
 
 RabbitMQ's side is a peer on a loopback socket: it answers the bus's
 login and declarations (its Tune offers AMQP's smallest frame_max, 4096)
@@ -10,6 +11,7 @@ delivery's body over as many frames as it needs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -29,14 +31,15 @@ from tests.broker.frame_reader import FrameReader, decode_method
 FRAME_MAX = 4096
 #: A state message the size of a few hundred queues' (thousands in production).
 STATE = {"t": "state", "m": "m1", "e": 1, "q": [f"tenant-{i:05d}.orders" for i in range(600)]}
-#: The queue that records the epochs taken, and how many it holds in the tests.
+#: The queue that records the last epoch taken.
 EPOCHS = "rabbitflow.cluster.t.epochs"
-RECORDED = 3
+#: The bus's channel for the epochs record (publisher confirms on).
+RECORD = 2
 
 
-def _answers() -> bytes:
-    """Everything the bus waits for from connecting to consuming, in order."""
-    answers: list[tuple[int, Frame]] = [
+def _opening() -> list[tuple[int, Frame]]:
+    """What the bus waits for from connecting to its Consume methods, in order."""
+    return [
         (0, commands.Connection.Start()),
         (0, commands.Connection.Tune(channel_max=2047, frame_max=FRAME_MAX, heartbeat=0)),
         (0, commands.Connection.OpenOk()),
@@ -46,11 +49,26 @@ def _answers() -> bytes:
         (1, commands.Queue.DeclareOk("rabbitflow.cluster.t.member.m1", 0, 0)),
         (1, commands.Queue.BindOk()),
         (1, commands.Queue.BindOk()),
-        (1, commands.Queue.DeclareOk(EPOCHS, RECORDED, 0)),
+        (1, commands.Queue.DeclareOk(EPOCHS, 0, 0)),
+        (RECORD, commands.Channel.OpenOk()),
+        (RECORD, commands.Confirm.SelectOk()),
+    ]
+
+
+def _answers() -> bytes:
+    """Everything the bus waits for from connecting to consuming, in order."""
+    answers = [
+        *_opening(),
         (1, commands.Basic.ConsumeOk("member")),
         (1, commands.Basic.ConsumeOk("owner")),
     ]
     return b"".join(frame.marshal(value, channel) for channel, value in answers)
+
+
+def _content(channel: int, body: bytes) -> bytes:
+    return frame.marshal(ContentHeader(body_size=len(body)), channel) + frame.marshal(
+        ContentBody(body), channel
+    )
 
 
 def _payload(whole: bytes) -> bytes:
@@ -76,9 +94,13 @@ class Peer:
     writer: asyncio.StreamWriter
     #: Messages the bus passed to ``on_message``: (message, to_owner).
     received: asyncio.Queue[tuple[dict[str, Any], bool]]
+    #: What the bus passed to ``on_record``: ("read", epoch or None) or ("recorded", epoch).
+    records: asyncio.Queue[tuple[str, int | None]]
     frames: FrameReader = field(default_factory=lambda: FrameReader(expect_protocol_header=True))
-    #: Methods read by :meth:`next_method` and not taken yet.
-    methods: list[Frame] = field(default_factory=list)
+    #: Methods read by :meth:`next_method` and not taken yet, with their channel.
+    methods: list[tuple[int, Frame]] = field(default_factory=list)
+    #: The channel of the last method :meth:`next_method` returned.
+    channel: int = 0
 
     async def next_publish(self) -> tuple[commands.Basic.Publish, list[bytes]]:
         """The next Basic.Publish and its content frames, whole (the header first)."""
@@ -98,12 +120,14 @@ class Peer:
         """The next method of ``kind`` the bus sent (those before it are passed over)."""
         while True:
             while self.methods:
-                method = self.methods.pop(0)
+                self.channel, method = self.methods.pop(0)
                 if isinstance(method, kind):
                     return method
             buffer, refs = self.frames.feed(await asyncio.wait_for(self.reader.read(65536), 5))
             self.methods += [
-                decode_method(ref.payload(buffer)) for ref in refs if ref.kind == FRAME_METHOD
+                (ref.channel, decode_method(ref.payload(buffer)))
+                for ref in refs
+                if ref.kind == FRAME_METHOD
             ]
 
 
@@ -112,10 +136,11 @@ async def peer() -> AsyncIterator[tuple[Peer, ControlBus]]:
     """A bus connected to a :class:`Peer`, member ``m1`` of cluster ``t``."""
     accepted: asyncio.Queue[Peer] = asyncio.Queue()
     received: asyncio.Queue[tuple[dict[str, Any], bool]] = asyncio.Queue()
+    records: asyncio.Queue[tuple[str, int | None]] = asyncio.Queue()
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(_answers())
-        await accepted.put(Peer(reader, writer, received))
+        await accepted.put(Peer(reader, writer, received, records))
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -128,6 +153,7 @@ async def peer() -> AsyncIterator[tuple[Peer, ControlBus]]:
         lease=2.0,
         on_message=lambda message, to_owner: received.put_nowait((message, to_owner)),
         on_lost=lambda: None,
+        on_record=lambda kind, value: records.put_nowait((kind, value)),
     )
     await bus.connect()
     end = await asyncio.wait_for(accepted.get(), 5)
@@ -164,7 +190,6 @@ async def test_a_delivery_in_several_body_frames_is_one_message(
     peer: tuple[Peer, ControlBus],
 ) -> None:
     end, _ = peer
-    assert (await asyncio.wait_for(end.received.get(), 5))[0]["t"] == "epoch"  # on connecting
     data = json.dumps(STATE).encode()
     step = FRAME_MAX - 8
     wire = frame.marshal(commands.Basic.Deliver("member", 1, False, "", "all"), 1)
@@ -222,21 +247,160 @@ async def test_a_bus_that_hears_nothing_for_four_heartbeats_is_lost() -> None:
         await server.wait_closed()
 
 
+# -- the epochs record ----------------------------------------------------------------
+
+
 @pytest.mark.asyncio
-async def test_the_bus_reads_the_epochs_recorded_before_it_consumes_the_owner_queue(
+async def test_the_epochs_record_is_a_quorum_queue_keeping_the_last_epoch_only(
     peer: tuple[Peer, ControlBus],
 ) -> None:
-    """A member that connects learns how many epochs were taken before it can
-    be handed the owner queue: a new owner's epoch is above all of them."""
-    end, bus = peer
+    end, _ = peer
     declare = await end.next_method(commands.Queue.Declare)
     while declare.queue != EPOCHS:
         declare = await end.next_method(commands.Queue.Declare)
     assert declare.durable
-    assert declare.arguments == {"x-queue-type": "quorum"}  # kept through a node's loss
-    first, to_owner = await asyncio.wait_for(end.received.get(), 5)
-    assert (first, to_owner) == ({"t": "epoch", "e": RECORDED}, False)
-    assert bus.send({"t": "epoch", "e": RECORDED + 1, "m": "m1"}, to="epochs")
+    assert declare.arguments == {
+        "x-queue-type": "quorum",  # kept through a node's loss
+        "x-max-length": 1,  # a new record takes the place of the last
+        "x-overflow": "drop-head",
+    }
+    await end.next_method(commands.Confirm.Select)  # records are confirmed
+    assert end.channel == RECORD
+
+
+@pytest.mark.asyncio
+async def test_reading_the_record_puts_it_back_and_hands_over_its_epoch(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    end, bus = peer
+    assert bus.read_epochs()
+    get = await end.next_method(commands.Basic.Get)
+    assert (end.channel, get.queue, get.no_ack) == (RECORD, EPOCHS, False)
+    body = json.dumps({"t": "epoch", "e": 7, "m": "m0"}).encode()
+    got = commands.Basic.GetOk(delivery_tag=9, exchange="", routing_key=EPOCHS, message_count=0)
+    end.writer.write(frame.marshal(got, RECORD) + _content(RECORD, body))
+    assert await asyncio.wait_for(end.records.get(), 5) == ("read", 7)
+    reject = await end.next_method(commands.Basic.Reject)  # left in place, for the next owner
+    assert (end.channel, reject.delivery_tag, reject.requeue) == (RECORD, 9, True)
+    assert bus.read_epochs()
+    await end.next_method(commands.Basic.Get)
+    end.writer.write(frame.marshal(commands.Basic.GetEmpty(), RECORD))
+    assert await asyncio.wait_for(end.records.get(), 5) == ("read", None)  # never recorded
+
+
+@pytest.mark.asyncio
+async def test_a_record_no_member_wrote_still_says_an_epoch_was_taken(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    end, bus = peer
+    assert bus.read_epochs()
+    await end.next_method(commands.Basic.Get)
+    got = commands.Basic.GetOk(delivery_tag=1, exchange="", routing_key=EPOCHS, message_count=0)
+    end.writer.write(frame.marshal(got, RECORD) + _content(RECORD, b"not json"))
+    assert await asyncio.wait_for(end.records.get(), 5) == ("read", 1)  # never epoch 1's own
+
+
+@pytest.mark.asyncio
+async def test_an_epoch_is_recorded_once_rabbitmq_confirms_it(
+    peer: tuple[Peer, ControlBus],
+) -> None:
+    end, bus = peer
+    assert bus.record_epoch(8)
     publish, content = await end.next_publish()
     assert (publish.exchange, publish.routing_key) == ("", EPOCHS)
-    assert json.loads(b"".join(map(_payload, content[1:]))) == {"t": "epoch", "e": 4, "m": "m1"}
+    assert json.loads(b"".join(map(_payload, content[1:]))) == {"t": "epoch", "e": 8, "m": "m1"}
+    await asyncio.sleep(0.1)
+    assert end.records.empty()  # not before RabbitMQ confirms it
+    end.writer.write(frame.marshal(commands.Basic.Ack(delivery_tag=1), RECORD))
+    assert await asyncio.wait_for(end.records.get(), 5) == ("recorded", 8)
+
+
+async def _close(bus: ControlBus, server: asyncio.Server, ends: list[asyncio.StreamWriter]) -> None:
+    await bus.close()
+    for end in ends:
+        end.close()
+        with contextlib.suppress(OSError):
+            await end.wait_closed()
+    server.close()
+    await server.wait_closed()
+
+
+async def _bus_to(
+    port: int, lost: asyncio.Event, records: list[tuple[str, int | None]], **options: Any
+) -> ControlBus:
+    bus = ControlBus(
+        cluster="t",
+        member="m1",
+        nodes=[("127.0.0.1", port)],
+        user="guest",
+        password="guest",
+        lease=2.0,
+        on_message=lambda message, to_owner: None,
+        on_lost=lost.set,
+        on_record=lambda kind, value: records.append((kind, value)),
+        **options,
+    )
+    await bus.connect()
+    return bus
+
+
+@pytest.mark.asyncio
+async def test_a_record_read_without_an_answer_drops_the_bus() -> None:
+    """No answer (the epochs queue has no leader: a node failing) is no
+    answer at all: the bus is dropped, the member owns nothing."""
+    lost = asyncio.Event()
+    ends: list[asyncio.StreamWriter] = []
+
+    async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answers())
+        ends.append(writer)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    records: list[tuple[str, int | None]] = []
+    bus = await _bus_to(server.sockets[0].getsockname()[1], lost, records, record_timeout=0.3)
+    try:
+        assert bus.read_epochs()
+        await asyncio.wait_for(lost.wait(), 5)
+        assert not bus.connected
+        assert records == []
+    finally:
+        await _close(bus, server, ends)
+
+
+@pytest.mark.asyncio
+async def test_deliveries_before_the_owner_queues_consume_ok_are_handed_over() -> None:
+    """A message waiting in the member queue is delivered at once after its
+    Consume-Ok, before the owner queue's: the bus connects and hands it over."""
+    body = json.dumps({"t": "state", "m": "a", "e": 7, "on": [], "stops": [], "d": []}).encode()
+    wire = b"".join(frame.marshal(value, channel) for channel, value in _opening())
+    wire += frame.marshal(commands.Basic.ConsumeOk("member"), 1)
+    wire += frame.marshal(
+        commands.Basic.Deliver("member", 1, False, "rabbitflow.cluster.t", "all"), 1
+    )
+    wire += _content(1, body)
+    wire += frame.marshal(commands.Basic.ConsumeOk("owner"), 1)
+
+    ends: list[asyncio.StreamWriter] = []
+
+    async def answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(wire)
+        ends.append(writer)
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    got: list[tuple[dict[str, Any], bool]] = []
+    bus = ControlBus(
+        cluster="t",
+        member="m1",
+        nodes=[("127.0.0.1", server.sockets[0].getsockname()[1])],
+        user="guest",
+        password="guest",
+        lease=2.0,
+        on_message=lambda message, to_owner: got.append((message, to_owner)),
+        on_lost=lambda: None,
+    )
+    try:
+        await bus.connect()
+        assert bus.connected
+        assert got == [(json.loads(body), False)]
+    finally:
+        await _close(bus, server, ends)

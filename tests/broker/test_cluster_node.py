@@ -9,19 +9,26 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from rabbitflow_broker.engine import amqp
 from rabbitflow_broker.hub.config import GatewayConfig
 from rabbitflow_broker.hub.gateway import Gateway
 from rabbitflow_broker.server.cluster_node import ClusterNode
+from tests.broker.cluster_link import EpochsRecord, FakeBus
 
 KEY = ("/", "orders")
 
 
 class Clock:
+    """Monotonic seconds (call it) and the wall clock's (:meth:`wall`), moved together."""
+
     def __init__(self) -> None:
         self.now = 100.0
 
     def __call__(self) -> float:
         return self.now
+
+    def wall(self) -> float:
+        return 1_800_000_000.0 + self.now
 
 
 def _node(member: str = "m1", clock: Clock | None = None) -> tuple[ClusterNode, Gateway, Clock]:
@@ -51,6 +58,7 @@ def _node(member: str = "m1", clock: Clock | None = None) -> tuple[ClusterNode, 
         monotonic=clock,
     )
     gateway.join_cluster(node)
+    node.settings.wall = clock.wall  # stamps of changes made here
     return node, gateway, clock
 
 
@@ -73,18 +81,21 @@ def test_a_publish_without_allowance_needs_rounds_until_a_lease_after_it() -> No
     assert not node.needs_rounds(clock.now)
 
 
-def _sending(member: str, clock: Clock) -> tuple[ClusterNode, Gateway, list[dict[str, Any]]]:
-    """A node whose bus keeps what it sends; its hub knows the queue."""
+def _sending(
+    member: str, clock: Clock, record: EpochsRecord | None = None, *, hold: bool = False
+) -> tuple[ClusterNode, Gateway, list[dict[str, Any]]]:
+    """A node whose bus keeps what it sends (a :class:`FakeBus`: the epochs
+    record ``record``, empty by default); its hub knows the queue."""
     node, gateway, _ = _node(member, clock)
     gateway.queue_declared(*KEY, {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5})
-    sent: list[dict[str, Any]] = []
+    bus = FakeBus(node, record, hold=hold)
+    node.bus = bus  # type: ignore[assignment]
+    return node, gateway, bus.sent
 
-    def send(message: dict[str, Any], *, to: str) -> bool:
-        sent.append(message)
-        return True
 
-    node.bus.send = send  # type: ignore[method-assign]
-    return node, gateway, sent
+def deleted_through(gateway: Gateway, key: tuple[str, str]) -> None:
+    """A client's queue.delete went through ``gateway`` (RabbitMQ confirmed it)."""
+    gateway.confirmed(key[0], amqp.QUEUE_DELETE, [0, key[1], False, False, False], [0], "")
 
 
 def _request(member: str, clock: Clock) -> dict[str, Any]:
@@ -226,7 +237,8 @@ def test_runtime_thresholds_that_went_with_their_queue_do_not_come_back() -> Non
     owner, owner_gateway, owner_sent = _sending("a", clock)
     owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
     owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
-    owner_gateway.queue_deleted(*KEY)  # its runtime thresholds go with it
+    deleted_through(owner_gateway, KEY)  # its runtime thresholds go with it
+    owner_gateway.routing.declare_queue(*KEY, None)
     owner_gateway.queue_declared(*KEY, None)  # a new queue of the same name
     later, later_gateway, _ = _sending("c", clock)
     later._dispatch(_last(owner_sent, "state", owner), False)
@@ -240,24 +252,23 @@ def test_runtime_thresholds_that_went_with_their_queue_do_not_come_back() -> Non
 def test_a_member_that_owns_before_hearing_anyone_takes_an_epoch_above_the_recorded_one() -> None:
     # The previous owner (epoch 1) is gone and its grants may still be in use;
     # this member joined after it and heard no message carrying its epoch, but
-    # its bus read RabbitMQ's record of the epochs taken before it consumed.
+    # the epochs record in RabbitMQ says epoch 1 was taken.
     clock = Clock()
-    joined, _, sent = _sending("c", clock)
-    joined._received({"t": "epoch", "e": 1}, False)
+    joined, _, sent = _sending("c", clock, EpochsRecord(1))
     joined._dispatch({"t": "hello", "m": "c", "e": 0}, True)  # its own hello: it owns
     assert joined.epoch == 2
-    assert [m for m in sent if m["t"] == "epoch"] == [{"t": "epoch", "e": 2, "m": "c"}]
+    assert joined.bus.record.epoch == 2  # type: ignore[attr-defined]
     joined._dispatch(_request("b", clock), True)
     assert not [m for m in sent if m["t"] == "grant"]  # a lease first
 
 
-def test_a_new_owner_records_as_many_epochs_as_it_skipped() -> None:
+def test_a_new_owner_records_its_epoch_in_place_of_the_last() -> None:
     clock = Clock()
-    node, _, sent = _sending("c", clock)
-    node._received({"t": "epoch", "e": 2}, False)  # the record: two epochs taken
+    record = EpochsRecord(2)
+    node, _, _ = _sending("c", clock, record)
     node._dispatch({"t": "hello", "m": "b", "e": 4}, True)  # b heard of epoch 4
     assert node.epoch == 5
-    assert [m["e"] for m in sent if m["t"] == "epoch"] == [5, 5, 5]  # the count is 5 now
+    assert record.epoch == 5
 
 
 # -- a deleted queue's books are freed once it stays gone and nothing is held -------------

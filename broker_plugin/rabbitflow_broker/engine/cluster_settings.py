@@ -5,12 +5,19 @@ The owner's every state carries all of it, so a member that missed a change
 (it joined later, or its bus reconnected) has it at the next state, and a
 member whose change the owner has not taken yet says it again.  Each setting
 carries the stamp of its last change, ``(version, member)``: versions are a
-Lamport clock (a member's next change is above every version it has seen),
-ties go by member id, and a merge keeps each setting's newer stamp.  So two
-changes made at once on two members both hold (on one queue's thresholds,
-the same one wins everywhere), and members that saw the same stamps agree.
-A setting that went away (a lifted stop, thresholds gone with their queue)
+hybrid logical clock, the wall clock's milliseconds where that is above every
+version the member has seen, else one above the highest (so a change made
+later wins, also on a member that has not merged any state yet, as long as
+the members' wall clocks agree within the time between the two changes; and
+a member's next change is always above every version it has seen); ties go
+by member id, and a merge keeps each setting's newer stamp.  So two changes
+made at once on two members both hold (on one queue's thresholds, the same
+one wins everywhere), and members that saw the same stamps agree.  A
+setting that went away (a lifted stop, thresholds gone with their queue)
 keeps its stamp, so an older value cannot come back.
+
+The caller passes the wall clock (``now``, in milliseconds): nothing here
+reads a clock.
 """
 
 from __future__ import annotations
@@ -22,13 +29,26 @@ from typing import Any, TypeVar
 from rabbitflow_broker.engine.depth import QueueKey
 from rabbitflow_broker.engine.flow import Thresholds
 
-__all__ = ["SharedStops", "SharedThresholds", "Stop", "thresholds_list", "thresholds_of"]
+__all__ = [
+    "SharedStops",
+    "SharedThresholds",
+    "Stop",
+    "next_version",
+    "thresholds_list",
+    "thresholds_of",
+]
 
 #: An administrator stop: (vhost, queue), either None for every one.
 Stop = tuple[str | None, str | None]
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
+
+
+def next_version(clock: int, now: int) -> int:
+    """A new change's version: the wall clock ``now`` (milliseconds), or one
+    above ``clock`` (every version seen) where that is higher."""
+    return max(now, clock + 1)
 
 
 def _merge(
@@ -58,14 +78,15 @@ class SharedStops:
     stamps: dict[Stop, tuple[int, str, bool]] = field(default_factory=dict)
     clock: int = 0
 
-    def note(self, local: Iterable[Stop]) -> None:
-        """Stamp what was added or lifted here: ``local`` are the stops in force."""
-        now = set(local)
-        changed = now ^ set(self.in_force())
+    def note(self, local: Iterable[Stop], now: int = 0) -> None:
+        """Stamp what was added or lifted here: ``local`` are the stops in
+        force (``now``: the wall clock, milliseconds)."""
+        held = set(local)
+        changed = held ^ set(self.in_force())
         if changed:
-            self.clock += 1
+            self.clock = next_version(self.clock, now)
             for key in changed:
-                self.stamps[key] = (self.clock, self.member, key in now)
+                self.stamps[key] = (self.clock, self.member, key in held)
 
     def in_force(self) -> list[Stop]:
         """The stops in force, oldest change first."""
@@ -120,9 +141,10 @@ class SharedThresholds:
     stamps: dict[QueueKey, tuple[int, str, Thresholds | None]] = field(default_factory=dict)
     clock: int = 0
 
-    def set(self, key: QueueKey, thresholds: Thresholds | None) -> None:
-        """Stamp a change made here (None: the thresholds went with the queue)."""
-        self.clock += 1
+    def set(self, key: QueueKey, thresholds: Thresholds | None, now: int = 0) -> None:
+        """Stamp a change made here (None: the thresholds went with the queue;
+        ``now``: the wall clock, milliseconds)."""
+        self.clock = next_version(self.clock, now)
         self.stamps[key] = (self.clock, self.member, thresholds)
 
     def get(self, key: QueueKey) -> Thresholds | None:
@@ -147,15 +169,20 @@ class SharedThresholds:
         self, wire: list[list[Any]]
     ) -> tuple[dict[QueueKey, Thresholds | None], list[QueueKey]]:
         """Take each newer stamp of :meth:`wire`'s output: the queues whose
-        thresholds changed, with their thresholds now (None: gone), and the
-        queues this side knows newer (or the other side lacks: then it
-        should say them again).
+        thresholds changed, or that this side had no stamp of, with their
+        thresholds now (None: gone, to be forgotten), and the queues this
+        side knows newer (or the other side lacks: then it should say them
+        again).
 
         Raises:
             TypeError, ValueError: a malformed stamp (nothing is taken).
         """
         theirs = {(str(v), str(q)): (int(n), str(m), thresholds_of(th)) for v, q, n, m, th in wire}
-        before = {key: self.get(key) for key in theirs}
+        before = {key: self.stamps.get(key) for key in theirs}
         taken, ahead, self.clock = _merge(self.stamps, theirs, self.clock)
-        changed = {key: self.get(key) for key in taken if self.get(key) != before[key]}
+        changed = {
+            key: self.get(key)
+            for key in taken
+            if (stamp := before[key]) is None or stamp[2] != self.get(key)
+        }
         return changed, ahead

@@ -13,8 +13,8 @@ depth     all                  the owner's depths of the queues in use (each rou
 stops     all                  administrator stops changed on a member
 thr       all                  runtime thresholds set on a member (or gone with
                                their queue: ``th`` null), with their stamp
-epoch     the epochs queue     a new owner's epoch: one message per epoch taken
-                               (the bus hands its member the count on connecting)
+epoch     the epochs queue     the last epoch an owner took, in place of the one
+                               before (read by a member handed the owner queue)
 ========  ===================  =================================================
 
 A reader takes what it needs and raises ``KeyError``, ``TypeError`` or

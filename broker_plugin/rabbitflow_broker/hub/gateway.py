@@ -1,22 +1,20 @@
 """State shared by all connections of one gateway.
 
-:class:`Gateway` owns the routing table, the depth of every queue, the
-per-queue threshold machines, the runtime thresholds and the event sink.
-Connections (one engine and driver per client connection) report what they
-relay; the gateway updates depth, runs the machines and emits events.  It
-never calls into a connection: what changed in blocking (queues ON or OFF,
-vhosts whose producers may be freed) accumulates as :class:`Changes`, which
-the driver takes when :attr:`Gateway.on_change` says some are pending
-(:meth:`Gateway.take_changes`), to re-check the connections concerned later,
-outside any change and any engine call.
+:class:`Gateway` owns the routing table, the depth of every queue, the per-queue
+threshold machines, the runtime thresholds and the event sink.  Connections (one
+engine and driver per client connection) report what they relay; the gateway
+updates depth, runs the machines and emits events.  It never calls into a
+connection: what changed in blocking (queues ON or OFF, vhosts whose producers may
+be freed) accumulates as :class:`Changes`, which the driver takes when
+:attr:`Gateway.on_change` says some are pending (:meth:`Gateway.take_changes`), to
+re-check the connections concerned later, outside any change and any engine call.
 
-Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is
-blocked while its flow is ON, while an administrator stopped its producers
-(:meth:`Gateway.stop_producers` with a queue) or while a vhost-wide block is
-active.  Vhost-wide blocks are the store quota (:mod:`~rabbitflow_broker.engine.store`,
-fed through :attr:`Gateway.store_quotas`) and administrator stops of one vhost or
-of all; they name ``** All Queues **`` in CHN-1005.  Each blocker is
-independent: lifting one leaves the others in force.
+Blocking is decided in one place, :meth:`Gateway.is_blocked`: a queue is blocked while
+its flow is ON, while an administrator stopped its producers (:meth:`Gateway.stop_producers`
+with a queue) or while a vhost-wide block is active.  Vhost-wide blocks are the store
+quota (:mod:`~rabbitflow_broker.engine.store`, fed through :attr:`Gateway.store_quotas`)
+and administrator stops of one vhost or of all; they name ``** All Queues **`` in
+CHN-1005.  Each blocker is independent: lifting one leaves the others in force.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rabbitflow_broker.engine import mirror
+from rabbitflow_broker.engine import amqp, mirror
 from rabbitflow_broker.engine.cluster_book import DUE, NEW_HOLD, MemberBook
 from rabbitflow_broker.engine.depth import DepthTracker, QueueKey
 from rabbitflow_broker.engine.flow import FlowState, QueueFlow, Thresholds
@@ -179,6 +177,8 @@ class Gateway(AdminViewsMixin, Hub):
         """RabbitMQ confirmed a client's request: follow it in the routing mirror."""
         mirror.apply(self, vhost, request, args, reply, last_queue=last_queue)
         if self.cluster is not None:
+            if request == amqp.QUEUE_DELETE:  # gone for sure: on every member
+                self.cluster.queue_deleted(vhost, amqp.text(args[1]) or last_queue)
             self.cluster.definitions_changed(vhost)
 
     def emit(self, event: Event) -> None:
@@ -275,10 +275,11 @@ class Gateway(AdminViewsMixin, Hub):
             self.cluster.thresholds_changed(key, kept)
         return self.flow(key).thresholds
 
-    def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds]) -> None:
-        """Install thresholds kept across restarts."""
+    def load_runtime_thresholds(self, stored: Mapping[QueueKey, Thresholds | None]) -> None:
+        """Install thresholds kept across restarts, or the cluster's (None: forget them)."""
         for key, thresholds in stored.items():
-            self.thresholds.load_runtime(key, thresholds)
+            if self.thresholds.load_runtime(key, thresholds) and thresholds is None:
+                self.runtime_forgotten(key)
             if key in self._flows:
                 self._rethreshold(key)
 
@@ -344,9 +345,8 @@ class Gateway(AdminViewsMixin, Hub):
 
     def blocker_active(self, vhost: str, blocker: str) -> bool:
         """Whether a channel's recorded blocker still holds."""
-        if blocker == ALL_QUEUES:
-            return self.vhost_blocked(vhost)
-        return self.is_blocked(vhost, blocker)
+        blocked = self.vhost_blocked(vhost)
+        return blocked if blocker == ALL_QUEUES else self.is_blocked(vhost, blocker)
 
     def set_vhost_blocked(self, vhost: str, blocked: bool) -> None:
         """Block or free every producer of a vhost, independently of quota and admin stops."""

@@ -172,9 +172,13 @@ class ThresholdBook:
         self._sources.pop(key, None)
         return self._runtime.pop(key, None) is not None
 
-    def load_runtime(self, key: QueueKey, thresholds: Thresholds) -> None:
-        """Install thresholds kept across restarts."""
-        self._runtime[key] = thresholds
+    def load_runtime(self, key: QueueKey, thresholds: Thresholds | None) -> bool:
+        """Install thresholds kept across restarts or set on another cluster
+        member (None: forget them); whether the queue had runtime thresholds."""
+        had = self._runtime.pop(key, None) is not None
+        if thresholds is not None:
+            self._runtime[key] = thresholds
+        return had
 
     def _as_set(self, key: QueueKey) -> Thresholds:
         """The queue's thresholds in force, with each resume value that nobody

@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import math
-import os
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
@@ -27,6 +23,7 @@ import structlog
 
 from rabbitflow_broker.engine.cluster import Flow, FlowUpdate, Report, Request
 from rabbitflow_broker.engine.cluster_book import GoneQueues, MemberBook, OwnerBook, QueueKey
+from rabbitflow_broker.engine.cluster_claim import EpochClaim
 from rabbitflow_broker.engine.cluster_wire import (
     grant_message,
     queue_name,
@@ -35,6 +32,7 @@ from rabbitflow_broker.engine.cluster_wire import (
 )
 from rabbitflow_broker.engine.flow import Thresholds
 from rabbitflow_broker.server.cluster_bus import BusError, ControlBus
+from rabbitflow_broker.server.cluster_member import member_description, member_id
 from rabbitflow_broker.server.cluster_shared import SharedSettings
 
 if TYPE_CHECKING:
@@ -52,7 +50,7 @@ TICK_S: Final = 0.1
 #: (a publish, a kick or a message that gives it work starts a round at once).
 IDLE_TICK_LEASES: Final = 0.25
 #: Messages that never give a node work of its own to do in rounds.
-_NO_ROUNDS: Final = frozenset({"hello", "depth", "epoch"})
+_NO_ROUNDS: Final = frozenset({"hello", "depth"})
 #: Seconds between broadcasts of the owner's state (also sent on each change).
 STATE_EVERY_S: Final = 1.0
 #: Seconds between the owner's broadcasts of every queue's depth (between
@@ -63,11 +61,6 @@ DEFS_DEBOUNCE_S: Final = 0.05
 #: Management snapshots in a row a queue must be missing from before its
 #: allowance and grant ledger may be freed (see GoneQueues).
 GONE_SNAPSHOTS: Final = 3
-
-
-def member_id() -> str:
-    """A member id unique across restarts: host, pid and a random suffix."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
 
 
 class ClusterNode:
@@ -101,9 +94,9 @@ class ClusterNode:
         #: The owner's id as last broadcast (None: not known).
         self.owner_id: str | None = None
         self.epoch = 0
-        #: The highest epoch any bus message carried, and how many are recorded in
-        #: RabbitMQ (read on connecting, and since): a new owner's is above both.
-        self.seen_epoch = self.recorded = 0
+        #: The highest epoch any bus message carried: a new owner's is above it.
+        self.seen_epoch = 0
+        self.claim = EpochClaim()  # handed the owner queue: the epoch it will own with
         self._describe = describe
         self._refresh_routing = refresh_routing
         self._refreshing: asyncio.Task[None] | None = None
@@ -111,14 +104,13 @@ class ClusterNode:
         #: Members heard from: id -> (description, monotonic time).
         self.members: dict[str, tuple[dict[str, Any], float]] = {}
         #: The stops and runtime thresholds as the cluster knows them (the owner's state says).
-        self.settings = SharedSettings(member, gateway, self.book)
+        self.settings = SharedSettings(member, gateway, self.book, gone_after=gone_after)
         self.gone = GoneQueues(gone_after)
         self._kicked = False
         #: Whether the last round left work in hand (rounds every TICK_S).
         self._busy = True
         self._wake = asyncio.Event()
-        self._refresh_again = False
-        self._defs_pending = False
+        self._refresh_again = self._defs_pending = False
         #: Owner: each queue's (messages, bytes, flowStoppedCount) as last sent.
         self._depths_sent: dict[QueueKey, tuple[int, int, int]] = {}
         self._state_sent = self._hello_sent = self._defs_sent = self._depths_full = -math.inf
@@ -131,6 +123,7 @@ class ClusterNode:
             lease=lease,
             on_message=self._received,
             on_lost=self._lost,
+            on_record=self._record_answered,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -147,21 +140,6 @@ class ClusterNode:
         """A new member for this gateway's hub, joined to it.  ``describe``
         gives the ports the gateway listens on (known once it listens)."""
         user, password = config.upstream_credentials
-        started = dt.datetime.now(dt.UTC).isoformat()
-        host = socket.gethostname()
-
-        def description() -> dict[str, Any]:
-            ports = describe()
-            listen = config.listen_address
-            return {
-                "host": host,
-                "pid": os.getpid(),
-                "listen": None if listen is None else f"{listen[0]}:{ports['listen_port']}",
-                "admin": f"{config.admin_address[0]}:{ports['admin_port']}",
-                "connections": len(gateway.connections),
-                "since": started,
-            }
-
         node = cls(
             gateway,
             name=name,
@@ -171,7 +149,7 @@ class ClusterNode:
             nodes=config.upstream_addresses,
             user=user,
             password=password,
-            describe=description,
+            describe=member_description(gateway, config, describe),
             refresh_routing=refresh_routing,
             gone_after=GONE_SNAPSHOTS * (config.reconcile_interval or 1000) / 1000,
         )
@@ -242,6 +220,10 @@ class ClusterNode:
 
     def thresholds_changed(self, key: QueueKey, thresholds: Thresholds) -> None:
         self.bus.send(self.settings.thresholds_changed(key, thresholds), to="all")
+
+    def queue_deleted(self, vhost: str, name: str) -> None:
+        """A client's queue.delete went through here: its runtime thresholds go everywhere."""
+        self._send_all(self.settings.queue_deleted((vhost, name)))
 
     def _send_all(self, messages: Iterable[dict[str, Any]]) -> None:
         for message in messages:
@@ -314,8 +296,7 @@ class ClusterNode:
             self.gateway.holds_changed({key[0] for key in promoted})
         if now - self._hello_sent >= self.lease / 2:
             self._hello_sent = now
-            epoch = max(self.epoch, self.book.epoch, self.seen_epoch)
-            hello = {"t": "hello", "m": self.member, "e": epoch, **self._describe()}
+            hello = {"t": "hello", "m": self.member, "e": self.heard_epoch(), **self._describe()}
             self.bus.send(hello, to="owner")
             self.bus.send(hello, to="all")
         for request in self.book.requests(now):
@@ -362,9 +343,15 @@ class ClusterNode:
         kind = message["t"]
         now = self._monotonic()
         if "e" in message:  # hellos too: a member may never have had a state yet
-            self.seen_epoch = max(self.seen_epoch, int(message["e"]))
+            epoch = int(message["e"])
+            self.seen_epoch = max(self.seen_epoch, epoch)
+            if self.owner and epoch > self.epoch:  # another took a later one: its own is stale
+                _log.warning("cluster owner: a later epoch heard", cluster=self.name, epoch=epoch)
+                self._step_down()
         if to_owner and not self.owner:
-            self._become_owner(now)
+            self._claim()
+            if kind in ("req", "rep") and self.claim.keep(message):
+                return  # answered once it owns
         if kind == "hello":
             if not to_owner:
                 member = str(message["m"])
@@ -391,11 +378,8 @@ class ClusterNode:
         elif kind == "stops":
             if message["m"] != self.member:
                 self.settings.heard_stops(message)
-        elif kind == "thr":
-            if message["m"] != self.member:
-                self.settings.heard_thresholds(message)
-        elif kind == "epoch":  # the bus read RabbitMQ's record as it connected
-            self.recorded = int(message["e"])
+        elif kind == "thr" and message["m"] != self.member:
+            self.settings.heard_thresholds(message, owner=self.owner)
 
     def _granted(self, message: dict[str, Any], now: float) -> None:
         key, grant = read_grant(self.member, message)
@@ -426,7 +410,7 @@ class ClusterNode:
         # The owner's stops and thresholds are the cluster's: what a member
         # missed (a lost message, a reconnect) is mended by the next state, and
         # a change the owner has not taken yet is sent again.
-        self._send_all(self.settings.heard_state(message))
+        self._send_all(self.settings.heard_state(message, now))
         self._shared_depths(message)
 
     def _shared_depths(self, message: dict[str, Any]) -> None:
@@ -440,29 +424,46 @@ class ClusterNode:
 
     # -- the owner's duties -----------------------------------------------------------
 
-    def _become_owner(self, now: float) -> None:
-        # Epochs only rise; a new owner grants nothing for one lease
-        # (OwnerBook's ledgers start at ``now``), so every grant of its
-        # predecessor has expired first.
-        # Above every epoch seen on the bus and every one recorded in RabbitMQ
-        # (read before the bus consumed the owner queue), so no two owners
-        # share one: the first of a cluster (epoch 1) grants at once.
-        self.epoch = max(self.epoch, self.book.epoch, self.seen_epoch) + 1
-        self._record_epoch()
+    def heard_epoch(self) -> int:
+        """The highest epoch this member knows of: its own, and every one heard."""
+        return max(self.epoch, self.book.epoch, self.seen_epoch)
+
+    def _claim(self) -> None:
+        """Handed the owner queue: read the epochs record (see EpochClaim)."""
+        if self.claim.start() and not self.bus.read_epochs():
+            self.claim.drop()
+
+    def _record_answered(self, kind: str, epoch: int | None) -> None:
+        """The bus's answer of the epochs record: ``read`` (None: empty), or
+        ``recorded`` (confirmed by RabbitMQ)."""
+        if kind == "read":
+            claimed = self.claim.read(epoch, self.heard_epoch())
+            if claimed and not self.bus.record_epoch(claimed):
+                self.claim.drop()
+            return
+        holds = None if epoch is None else self.claim.recorded(epoch, self.heard_epoch())
+        if holds is False:  # an epoch as high was heard meanwhile: claim above it
+            if not self.bus.read_epochs():
+                self.claim.drop()
+        elif holds and epoch is not None:
+            backlog = self.claim.take()
+            self._become_owner(epoch)
+            for message in backlog:
+                self._received(message, False)
+
+    def _become_owner(self, epoch: int) -> None:
+        # Epochs only rise, above every one taken before (EpochClaim); a new
+        # owner grants nothing for one lease (OwnerBook's ledgers start at
+        # ``now``), so every grant of its predecessor has expired first, but
+        # for the first of a cluster (epoch 1: nobody owned before it).
+        now = self._monotonic()
+        self.epoch = epoch
         self.owner = True
         self.owner_id = self.member
         self.owner_book = OwnerBook(self.member, self.batch, self.lease, self.epoch, now)
         self.gateway.take_ownership()
         _log.info("cluster owner", cluster=self.name, member=self.member, epoch=self.epoch)
         self._broadcast_state(now)
-
-    def _record_epoch(self) -> None:
-        """Leave this owner's epoch in RabbitMQ before anything of it goes out:
-        the epochs queue holds one message per epoch taken, so its count (read
-        by every member as it connects) is at least the highest epoch."""
-        record = {"t": "epoch", "e": self.epoch, "m": self.member}
-        while self.recorded < self.epoch and self.bus.send(record, to="epochs"):
-            self.recorded += 1
 
     def _step_down(self) -> None:
         self.owner = False
@@ -472,6 +473,7 @@ class ClusterNode:
     def _lost(self) -> None:
         if self.owner:
             _log.warning("cluster ownership lost with the bus", cluster=self.name)
+        self.claim.drop()
         self._step_down()
         self.owner_id = None
         self.gateway.shared_depths(None)
@@ -480,7 +482,7 @@ class ClusterNode:
         if not self.owner:
             return
         self._state_sent = now
-        self._send_all(self.settings.sweep())
+        self._send_all(self.settings.sweep(now))
         self.bus.send(
             {
                 "t": "state",

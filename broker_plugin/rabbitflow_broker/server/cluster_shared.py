@@ -2,19 +2,30 @@
 the administrator stops and the runtime thresholds (merged change by change:
 :mod:`rabbitflow_broker.engine.cluster_settings`), between the hub and the bus.
 
-A change made here goes out at once (``stops``, ``thr``); the owner's every
-state carries all of them, so a member that missed one (it joined later, or
-its bus reconnected) has it at the next state, and a member whose change the
-owner has not taken yet says it again.  Runtime thresholds go with their
-queue, as on a single gateway: a member whose hub forgot them (it saw the
-queue deleted) says so, so that they never come back to a member that joins
-later; each member's hub forgets its own when it sees the queue deleted.
+A change made here goes out at once (``stops``, ``thr``), stamped with this
+member's wall clock (see the engine module); the owner's every state carries
+all of them, so a member that missed one (it joined later, or its bus
+reconnected) has it at the next state, and a member whose change the owner
+has not taken yet says it again.  A change from a member without stamps
+(not upgraded yet) is stamped by the owner as it takes it, so its states
+carry it as a new change.
+
+Runtime thresholds go with their queue, as on a single gateway, once the
+queue is gone for sure: a client's ``queue.delete`` went through this
+member, or its hub has not known the queue for ``gone_after`` seconds
+(several management snapshots in a row: one may miss a queue while a
+RabbitMQ node stops, and the next lists it again).  Then they are stamped
+gone, and every member's hub forgets them, so that they never come back,
+nor to a member that joins later.  A hub that lost them otherwise (a
+snapshot that missed the queue for a moment) has them set again.
 
 Every method returns the messages to send to ``all``; nothing here sends.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
@@ -31,61 +42,101 @@ Message = dict[str, Any]
 
 
 class SharedSettings:
-    """The stops and runtime thresholds as this member shares them."""
+    """The stops and runtime thresholds as this member shares them.
 
-    def __init__(self, member: str, gateway: Gateway, book: MemberBook) -> None:
+    ``gone_after``: seconds a queue with runtime thresholds must stay unknown
+    to the hub before they go with it; ``wall``: the wall clock, seconds (the
+    stamps of changes made here).
+    """
+
+    def __init__(
+        self,
+        member: str,
+        gateway: Gateway,
+        book: MemberBook,
+        *,
+        gone_after: float = 3.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.member = member
         self.gateway = gateway
         self.book = book
+        self.gone_after = gone_after
+        self.wall = wall
         self.stops = SharedStops(member)
         self.thresholds = SharedThresholds(member)
+        #: Queues with runtime thresholds in force that the hub does not know, since when.
+        self.unknown: dict[QueueKey, float] = {}
+
+    def _now(self) -> int:
+        return int(self.wall() * 1000)
 
     # -- changes made here ------------------------------------------------------------
 
     def stops_changed(self) -> Message:
         """The hub's administrator stops changed: ``stops``, with every stamp."""
-        self.stops.note(self.gateway.admin_stop_keys())
+        self.stops.note(self.gateway.admin_stop_keys(), self._now())
         return {"t": "stops", "m": self.member, **self._stops_fields()}
 
     def thresholds_changed(self, key: QueueKey, thresholds: Thresholds | None) -> Message:
         """Runtime thresholds set here (None: gone with the queue): ``thr``."""
-        self.thresholds.set(key, thresholds)
+        self.thresholds.set(key, thresholds, self._now())
         return self._thresholds_message(key)
 
-    def sweep(self) -> list[Message]:
-        """Hold the hub to the thresholds in force: those it forgot (it saw
-        their queue deleted) are stamped gone (the messages saying so); those
-        it holds otherwise (read from a store older than the cluster's
-        change) are set again."""
+    def queue_deleted(self, key: QueueKey) -> list[Message]:
+        """A client's ``queue.delete`` went through this member (RabbitMQ
+        confirmed it): the queue's runtime thresholds go on every member."""
+        self.unknown.pop(key, None)
+        if self.thresholds.get(key) is None:
+            return []
+        return [self._gone(key)]
+
+    def sweep(self, now: float) -> list[Message]:
+        """Hold the hub to the thresholds in force (``now``: monotonic
+        seconds): those of a queue it has not known for :attr:`gone_after`
+        are stamped gone (the messages saying so); those it holds otherwise
+        (a snapshot missed the queue for a moment, a store older than the
+        cluster's change) are set again."""
+        gateway = self.gateway
+        if gateway.ready_error is not None:  # no snapshot yet: it knows no queue
+            self.unknown.clear()
+            return []
         gone: list[Message] = []
-        for key, thresholds in self.thresholds.in_force().items():
-            held = self.gateway.runtime_thresholds(*key)
-            if held is None:
-                gone.append(self.thresholds_changed(key, None))
-            elif held != thresholds:
+        in_force = self.thresholds.in_force()
+        for key, thresholds in in_force.items():
+            if not gateway.knows_queue(*key):
+                if now - self.unknown.setdefault(key, now) >= self.gone_after:
+                    del self.unknown[key]
+                    gone.append(self._gone(key))
+                continue
+            self.unknown.pop(key, None)
+            if gateway.runtime_thresholds(*key) != thresholds:
                 self._apply({key: thresholds})
+        for key in [key for key in self.unknown if key not in in_force]:
+            del self.unknown[key]
         return gone
 
     def state_fields(self) -> Message:
         """The owner's state's part: ``stops`` (those in force: members
         without stamps read only them), ``sv`` and ``tv`` (every stamp)."""
-        self.stops.note(self.gateway.admin_stop_keys())
+        self.stops.note(self.gateway.admin_stop_keys(), self._now())
         return {**self._stops_fields(), "tv": self.thresholds.wire()}
 
     # -- changes heard ------------------------------------------------------------------
 
-    def heard_state(self, message: Message) -> list[Message]:
+    def heard_state(self, message: Message, now: float) -> list[Message]:
         """The owner's state: what it knows is taken; what this member knows
         newer is said again (the messages)."""
-        out = self.sweep()
+        out: list[Message] = []
         if self.heard_stops(message):
             out.append({"t": "stops", "m": self.member, **self._stops_fields()})
+        ahead: list[QueueKey] = []
         if "tv" in message:  # an owner without thresholds stamps says nothing of them
             changed, ahead = self.thresholds.merge(message["tv"])
             self._apply(changed)
-            said = {(m["v"], m["q"]) for m in out if m["t"] == "thr"}
-            out += [self._thresholds_message(key) for key in ahead if key not in said]
-        return out
+        out += self.sweep(now)  # after the merge: the hub is held to what the owner said
+        said = {(m["v"], m["q"]) for m in out if m["t"] == "thr"}
+        return out + [self._thresholds_message(key) for key in ahead if key not in said]
 
     def heard_stops(self, message: Message) -> bool:
         """Take the newer stamps of a state or a member's ``stops``; whether
@@ -97,14 +148,19 @@ class SharedSettings:
         self.gateway.replace_admin_stops(self.stops.in_force())
         return ahead
 
-    def heard_thresholds(self, message: Message) -> None:
-        """A member's ``thr``: its change, unless this member knows a newer one."""
+    def heard_thresholds(self, message: Message, *, owner: bool) -> None:
+        """A member's ``thr``: its change, unless this member knows a newer
+        one.  One without a stamp (from a member not upgraded yet) is taken
+        as it is; the owner (``owner``) stamps it as a change of its own, so
+        that its states carry it instead of undoing it."""
         if "tv" in message:
             changed, _ = self.thresholds.merge(message["tv"])
             self._apply(changed)
-        else:  # a member without stamps: its change as it is
-            key, thresholds = read_thresholds(message)
-            self._apply({key: thresholds})
+            return
+        key, thresholds = read_thresholds(message)
+        if owner:
+            self.thresholds.set(key, thresholds, self._now())
+        self._apply({key: thresholds})
 
     # -- ------------------------------------------------------------------------------
 
@@ -115,11 +171,19 @@ class SharedSettings:
         stamps = self.thresholds.wire([key])
         return thresholds_message(self.member, key, self.thresholds.get(key), stamps)
 
+    def _gone(self, key: QueueKey) -> Message:
+        """The queue is gone: its runtime thresholds go, here and (the
+        message) on every member."""
+        message = self.thresholds_changed(key, None)
+        self._apply({key: None})
+        return message
+
     def _apply(self, changed: dict[QueueKey, Thresholds | None]) -> None:
         """Set the thresholds that changed on the hub; those gone with their
-        queue are left to it (it forgets them when it sees the queue deleted)."""
-        loaded = {key: t for key, t in changed.items() if t is not None}
-        if loaded:
-            self.gateway.load_runtime_thresholds(loaded)
-            for key in loaded:
+        queue (None) are forgotten there too."""
+        if not changed:
+            return
+        self.gateway.load_runtime_thresholds(changed)
+        for key, thresholds in changed.items():
+            if thresholds is not None:
                 self.book.governed(key)  # ask before the next completion
