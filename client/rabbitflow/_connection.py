@@ -249,7 +249,7 @@ class Connection(ConnectionBase):
             pumps_pending=self._pumps_pending,
             wait_usable=self._wait_usable,
             recovering_or_lost=self._recovering_or_lost,
-            transport_in_use=self._transport_in_use,
+            usable_transport=self._usable_transport,
             holds=self._holds,
             open_channel=self._open_channel,
             post=self._post,
@@ -319,8 +319,18 @@ class Connection(ConnectionBase):
     def _recovering_or_lost(self) -> bool:
         return self._state.recovering or self._transport.lost
 
-    def _transport_in_use(self) -> int:
+    def _usable_transport(self) -> int:
+        """Return when the connection is open: the generation of the transport
+        in use then, read under the lock with that check (one after a loss
+        and reconnection is that of a transport still being restored).
+
+        Raises:
+            IllegalStateError: closed.
+            ConnectionLostError: recovery gave up.
+        """
         with self._cond:
+            while not self._state.check_usable():
+                self._cond.wait(0.5)
             return self._state.in_use
 
     def _holds(self, opened_on: int) -> bool:

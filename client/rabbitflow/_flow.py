@@ -290,6 +290,18 @@ class ProducerWindow(Generic[T]):
         """True when everything accepted has been confirmed."""
         return self.in_flight == 0
 
+    @property
+    def last_accepted(self) -> int:
+        """The send number of the last message accepted (0: none yet)."""
+        return self._next_seq - 1
+
+    def published_through(self, seq: int) -> bool:
+        """True when every message accepted up to send number ``seq`` is
+        published and confirmed (what came after may still be queued)."""
+        if self._queued and self._queued[0][0] <= seq:
+            return False
+        return all(s > seq for s, _ in self._unconfirmed.values())
+
     def can_accept(self) -> bool:
         """True when ``accept`` would not have to wait."""
         return self.gate.is_open and not self._retry and self.in_flight < self.capacity

@@ -423,10 +423,12 @@ class MessageProducer(ProducerCounters):
         return dropped
 
     def _flush(self) -> None:
-        """The transaction commits: return once everything send() accepted is
-        published on the channel, ahead of its tx.commit (the pump publishes
-        it, waiting as a send does under flow control).  A closed producer's
-        channel is not committed: nothing to wait for.
+        """The transaction commits: return once everything send() accepted
+        before this call is published on the channel, ahead of its tx.commit
+        (the pump publishes it; under flow control, waiting as a send does).
+        What other threads send meanwhile is not waited for: it goes in the
+        next transaction, or this one if published before the tx.commit.  A
+        closed producer's channel is not committed: nothing to wait for.
 
         Raises:
             FlowControlTimeoutError: flow control held it back for
@@ -434,11 +436,16 @@ class MessageProducer(ProducerCounters):
             JMSException: the broker closed the channel, or recovery gave up.
         """
         with self._cond:
+            last = self._window.last_accepted
             wait: SendWait | None = None
-            while not self._window.idle and not self._closed:
+            while not self._window.published_through(last) and not self._closed:
                 if self._error is not None:
                     raise self._error
-                wait = self._wait_once(wait, self._clock(), None)
+                if self._window.flow_signalled or self._window.gate.disconnected:
+                    wait = self._wait_once(wait, self._clock(), None)
+                else:  # the pump is on its way: no flow control to time out on
+                    wait = None
+                    self._wait(self._cond, 0.5)
 
 
 @dataclass(frozen=True, eq=False, slots=True)

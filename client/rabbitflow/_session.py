@@ -73,7 +73,9 @@ class SessionContext:
     pumps_pending: set[int]  # ids of producers whose pump is posted and has not run
     wait_usable: Callable[[], None]  # return when the connection is open
     recovering_or_lost: Callable[[], bool]
-    transport_in_use: Callable[[], int]  # its generation (see register_producer)
+    # wait_usable, then the generation of the transport in use (see
+    # register_producer), read with that check
+    usable_transport: Callable[[], int]
     # a channel opened on that transport is still on the one in use, and open
     holds: Callable[[int], bool]
     open_channel: Callable[[ChannelHandler], TransportChannel]
@@ -299,8 +301,15 @@ class Session(MessageFactory):
                 return True
             return False
 
+        def stale() -> None:
+            # Its private queue (declared on the transport in use, maybe a
+            # newer one than the channel's) would collect the topic's messages.
+            if consumer.is_topic and consumer.subscription is None:
+                with contextlib.suppress(JMSException):  # else it went with its transport
+                    self._admin.delete_queue(consumer.queue_name)
+
         open_channel = functools.partial(self._new_consumer_channel, consumer, control)
-        self._retry.on_one_transport(open_channel, take_in)
+        self._retry.on_one_transport(open_channel, take_in, stale)
         return consumer
 
     def _new_consumer_channel(
@@ -390,6 +399,8 @@ class Session(MessageFactory):
             for channel in channels:
                 channel.tx_commit()
         except ConnectionLostError as exc:  # the connection failed: nothing survives
+            with contextlib.suppress(JMSException):  # told now: no recovery's mark fails the next
+                self.rollback()
             raise TransactionRolledBackError(f"commit failed: {exc}") from exc
 
     def _whole_transaction(
@@ -447,8 +458,7 @@ class Session(MessageFactory):
         Dropped first: a pump that took some before publishes them ahead of
         the tx.rollback (one I/O thread, in order), and none publishes any
         after it."""
-        self._context.wait_usable()
-        ran_on = self._context.transport_in_use()
+        ran_on = self._retry.usable_transport()
         with self._lock:
             producers = list(self._producers.values())
             channels = list(self._producer_channels.values())

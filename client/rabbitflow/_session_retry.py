@@ -23,16 +23,13 @@ class LinkView(Protocol):
     ``SessionContext``)."""
 
     @property
-    def wait_usable(self) -> Callable[[], None]:
-        """Return when the connection is open; wait while it recovers."""
-
-    @property
     def recovering_or_lost(self) -> Callable[[], bool]:
         """Recovery runs, or the transport in use is lost (and the link not told yet)."""
 
     @property
-    def transport_in_use(self) -> Callable[[], int]:
-        """The generation of the transport in use."""
+    def usable_transport(self) -> Callable[[], int]:
+        """Return when the connection is open (wait while it recovers): the
+        generation of the transport in use then, read with that check."""
 
     @property
     def holds(self) -> Callable[[int], bool]:
@@ -58,6 +55,19 @@ class SessionRetry:
         link = self._link
         return not link.holds(started_on) or link.recovering_or_lost()
 
+    def usable_transport(self) -> int:
+        """Return when the connection is open: the generation of the transport
+        in use then.  One answer, not a usability check followed by a read of
+        the generation: a loss and reconnection in between would give that of
+        a transport still being restored, whose channels ``holds`` accepts
+        once the restore is over (it replaced them meanwhile).
+
+        Raises:
+            ConnectionLostError: recovery gave up.
+            IllegalStateError: the connection was closed.
+        """
+        return self._link.usable_transport()
+
     def rpc(self, fn: Callable[[], R]) -> R:
         """Run a broker operation, riding out a connection recovery.
 
@@ -66,11 +76,14 @@ class SessionRetry:
             IllegalStateError: the connection was closed.
             JMSException: the broker refused.
         """
+        return self._on_usable(lambda _started_on: fn())
+
+    def _on_usable(self, fn: Callable[[int], R]) -> R:
+        """``rpc``, telling ``fn`` the generation of the transport it starts on."""
         for _ in range(ATTEMPTS):
-            self._link.wait_usable()
-            started_on = self._link.transport_in_use()
+            started_on = self.usable_transport()
             try:
-                return fn()
+                return fn(started_on)
             except ConnectionLostError:
                 if not self.lost_since(started_on):
                     raise
@@ -80,6 +93,7 @@ class SessionRetry:
         self,
         open_channel: Callable[[], TransportChannel],
         take_in: Callable[[int, TransportChannel], bool],
+        stale: Callable[[], None] | None = None,
     ) -> None:
         """Attach a new channel to a producer or consumer (a new one, or one
         that recover() or rollback() moves), on one transport.
@@ -92,17 +106,19 @@ class SessionRetry:
         the connection registers it there).  Else (False, leaving nothing
         behind) a loss came in between and the channel is stale: its recovery
         left a new one out, or gives a moved one a channel that the stale one
-        must not replace; open another.
+        must not replace; open another, once ``stale()`` removed what else
+        ``open_channel`` left on the broker for it.
 
         Raises:
             ConnectionLostError: the connection kept failing.
         """
-        link = self._link
         for _ in range(ATTEMPTS):
-            opened_on, channel = self.rpc(lambda: (link.transport_in_use(), open_channel()))
+            opened_on, channel = self._on_usable(lambda started_on: (started_on, open_channel()))
             with self._lock:
                 if take_in(opened_on, channel):
                     return
             channel.detach()  # its late events must not reach the producer or consumer
             channel.close()
+            if stale is not None:
+                stale()
         raise ConnectionLostError("connection kept failing while creating a producer or consumer")

@@ -100,10 +100,13 @@ class FakeBroker:
     # (transport index, channel number) -> what to play while that channel's
     # tx.rollback is on its way, before the broker answers it.
     at_tx_rollback: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
+    # ... while its tx.commit is on its way.
+    at_tx_commit: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
     # ... while its confirm.select or tx.select is on its way (then a dead
     # channel raises, as the real one does).
     at_select: dict[tuple[int, int], Callable[[], None]] = field(default_factory=dict)
     refusing: bool = False  # every later connect is refused
+    server_named: int = 0  # server-named queues declared so far (amq.gen-N)
 
 
 class FakeChannel:
@@ -149,6 +152,9 @@ class FakeChannel:
             raise rabbitflow.ConnectionLostError("fake channel is gone")
 
     def tx_commit(self) -> None:
+        play = self.broker.at_tx_commit.pop((self.transport.index, self.number), None)
+        if play is not None:
+            play()
         self._check_alive()
         self.calls.append(("tx_commit",))
         self.broker.committed.extend(self.uncommitted)
@@ -170,7 +176,9 @@ class FakeChannel:
                 self.closed = True
                 raise InvalidDestinationError(f"404 no queue {name!r}", reply_code=404)
         else:
-            name = name or f"amq.gen-{len(self.broker.queues)}"
+            if not name:
+                name = f"amq.gen-{self.broker.server_named}"
+                self.broker.server_named += 1
             self.broker.queues.setdefault(name, {"arguments": arguments, **kw})
         return name, 0, 0
 
