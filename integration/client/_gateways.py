@@ -13,7 +13,7 @@ from pathlib import Path
 import pika
 import pika.exceptions
 
-from rabbitflow_broker.server.rabbitmq_node import free_port, wait_for_amqp
+from rabbitflow_broker.server.rabbitmq_node import free_port
 
 from ..conftest import Broker
 
@@ -60,10 +60,13 @@ class GatewayProcess:
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
-        wait_for_amqp("127.0.0.1", self.port, 30)
         # The gateway refuses logins until its first routing snapshot.
         deadline = time.monotonic() + 30
         while True:
+            if not self.running:
+                raise AssertionError(
+                    f"{self.name} exited while starting: {self.log_path.read_text()[-2000:]}"
+                )
             try:
                 pika.BlockingConnection(pika.URLParameters(self.url)).close()
                 return

@@ -57,10 +57,12 @@ def test_send_blocks_during_a_memory_alarm_and_resumes_without_loss(
     url = throwaway_broker.url
     stack = contextlib.ExitStack()
     if path != "direct":
-        gateway = stack.enter_context(
-            contextlib.closing(GatewayProcess(throwaway_broker, tmp_path))
-        )
-        gateway.start()
+        with contextlib.ExitStack() as starting:  # closed if the start fails
+            gateway = starting.enter_context(
+                contextlib.closing(GatewayProcess(throwaway_broker, tmp_path))
+            )
+            gateway.start()
+            stack.push(starting.pop_all())
         url = gateway.url
     factory = rabbitflow.ConnectionFactory(
         url,

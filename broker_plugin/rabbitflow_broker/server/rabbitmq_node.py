@@ -82,10 +82,10 @@ def wait_for_amqp(host: str, port: int, deadline_s: float) -> None:
 
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that is free right now, drawn from
+    :data:`_NODE_PORTS` (below the ephemeral range: no outgoing connection
+    takes it before the process it is meant for listens, or listens again)."""
+    return _node_ports(1)[0]
 
 
 def _rabbit_bin(name: str) -> str | None:
