@@ -29,6 +29,7 @@ class DepthWatcher(threading.Thread):
         self._halt = threading.Event()
         self.maximum = 0
         self._settle_deadline = float("inf")
+        self._recent: list[int] = []
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -36,18 +37,24 @@ class DepthWatcher(threading.Thread):
             connection = self._broker.blocking_connection()
             try:
                 channel = connection.channel()
-                recent: list[int] = []
                 # After the clients are done, go on until the depth has settled (what
                 # the gateway still had in flight has reached the queue), within a deadline.
-                while not (self._halt.is_set() and self._settled(recent)):
+                while not (self._halt.is_set() and self._settled(self._recent)):
                     depth = channel.queue_declare(self._queue, passive=True).method.message_count
                     self.maximum = max(self.maximum, depth)
-                    recent = [*recent[-(SETTLED_SAMPLES - 1) :], depth]
+                    self._recent = [*self._recent[-(SETTLED_SAMPLES - 1) :], depth]
                     time.sleep(SAMPLE_INTERVAL_S)
             finally:
                 connection.close()
         except BaseException as exc:  # reported by finish()
             self.error = exc
+
+    def steady(self) -> bool:
+        """Whether the last samples (0.5 s) were all equal; raises if sampling failed."""
+        if self.error is not None:
+            raise AssertionError(f"depth sampling failed: {self.error!r}")
+        recent = self._recent
+        return len(recent) == SETTLED_SAMPLES and len(set(recent)) == 1
 
     def _settled(self, recent: list[int]) -> bool:
         if time.monotonic() > self._settle_deadline:
