@@ -30,25 +30,65 @@ answered once it holds.
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-__all__ = ["BACKLOG", "EpochClaim"]
+from rabbitflow_broker.engine.errors import StateError
+
+__all__ = ["BACKLOG", "MOVES", "ClaimEvent", "ClaimPhase", "EpochClaim", "IllegalClaimMove"]
 
 #: The most requests and reports kept while a claim is under way (members
 #: ask again, each round, for what was not answered).
 BACKLOG: Final = 10_000
 
-#: A claim's phases: none under way, the record being read, the epoch being recorded.
-_IDLE, _READING, _RECORDING = "", "reading", "recording"
+
+class ClaimPhase(enum.Enum):
+    """Where a claim is: none under way, the record being read, the epoch being recorded."""
+
+    IDLE = "idle"
+    READING = "reading"
+    RECORDING = "recording"
+
+
+class ClaimEvent(enum.Enum):
+    """What moves a claim."""
+
+    HANDED = "handed the owner queue"
+    READ = "the record read"
+    OUTBID = "recorded, but an epoch as high was heard"
+    HELD = "recorded: owns"
+    LOST = "the bus lost"
+
+
+#: (phase, event) -> next phase; anything else is illegal.
+MOVES: Final[Mapping[tuple[ClaimPhase, ClaimEvent], ClaimPhase]] = {
+    (ClaimPhase.IDLE, ClaimEvent.HANDED): ClaimPhase.READING,
+    (ClaimPhase.READING, ClaimEvent.READ): ClaimPhase.RECORDING,
+    (ClaimPhase.RECORDING, ClaimEvent.OUTBID): ClaimPhase.READING,
+    (ClaimPhase.RECORDING, ClaimEvent.HELD): ClaimPhase.IDLE,
+    **{(phase, ClaimEvent.LOST): ClaimPhase.IDLE for phase in ClaimPhase},
+}
+
+
+class IllegalClaimMove(StateError):
+    """A (phase, event) pair :data:`MOVES` does not allow; names both."""
+
+    def __init__(self, phase: ClaimPhase, event: ClaimEvent) -> None:
+        super().__init__(f"epoch claim: no move from {phase.name} on {event.name}")
+        self.phase = phase
+        self.event = event
 
 
 @dataclass(slots=True)
 class EpochClaim:
     """One member's claim: call :meth:`start` when handed the owner queue,
-    then feed it the record's answers (:meth:`read`, :meth:`recorded`)."""
+    then feed it the record's answers (:meth:`read`, :meth:`recorded`).
+    An answer that belongs to no claim under way (a late one, after the bus
+    was lost) is ignored, never a move."""
 
-    phase: str = _IDLE
+    phase: ClaimPhase = ClaimPhase.IDLE
     #: The epoch being recorded (0: none).
     epoch: int = 0
     #: Requests and reports delivered meanwhile (see :data:`BACKLOG`).
@@ -56,23 +96,29 @@ class EpochClaim:
 
     @property
     def under_way(self) -> bool:
-        return self.phase != _IDLE
+        return self.phase is not ClaimPhase.IDLE
+
+    def _move(self, event: ClaimEvent) -> None:
+        try:
+            self.phase = MOVES[(self.phase, event)]
+        except KeyError:
+            raise IllegalClaimMove(self.phase, event) from None
 
     def start(self) -> bool:
         """Handed the owner queue: whether to read the record now (False:
         a claim is under way already)."""
-        if self.phase != _IDLE:
+        if self.under_way:
             return False
-        self.phase = _READING
+        self._move(ClaimEvent.HANDED)
         return True
 
     def read(self, recorded: int | None, heard: int) -> int:
         """The record's answer (``recorded`` None: RabbitMQ says it is empty)
         and the highest epoch heard: the epoch to record (0: no read was
         asked for)."""
-        if self.phase != _READING:
+        if self.phase is not ClaimPhase.READING:
             return 0
-        self.phase = _RECORDING
+        self._move(ClaimEvent.READ)
         self.epoch = max(recorded or 0, heard) + 1
         return self.epoch
 
@@ -80,18 +126,18 @@ class EpochClaim:
         """RabbitMQ confirmed the record of ``epoch``: True: own with it
         (the claim is over); False: an epoch as high was heard meanwhile:
         read the record again; None: no record of this claim."""
-        if self.phase != _RECORDING or epoch != self.epoch:
+        if self.phase is not ClaimPhase.RECORDING or epoch != self.epoch:
             return None
         if heard >= epoch:
-            self.phase = _READING
+            self._move(ClaimEvent.OUTBID)
             return False
-        self.phase = _IDLE
+        self._move(ClaimEvent.HELD)
         return True
 
     def keep(self, message: dict[str, Any]) -> bool:
         """A request or report from the owner queue: kept while a claim is
         under way (True), to be answered once it holds."""
-        if self.phase == _IDLE:
+        if not self.under_way:
             return False
         if len(self.backlog) < BACKLOG:
             self.backlog.append(message)
@@ -104,6 +150,6 @@ class EpochClaim:
 
     def drop(self) -> None:
         """The claim failed (the bus was lost): nothing of it is kept."""
-        self.phase = _IDLE
+        self._move(ClaimEvent.LOST)
         self.epoch = 0
         self.backlog = []

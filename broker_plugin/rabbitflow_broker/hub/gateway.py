@@ -345,8 +345,9 @@ class Gateway(AdminViewsMixin, Hub):
 
     def blocker_active(self, vhost: str, blocker: str) -> bool:
         """Whether a channel's recorded blocker still holds."""
-        blocked = self.vhost_blocked(vhost)
-        return blocked if blocker == ALL_QUEUES else self.is_blocked(vhost, blocker)
+        if blocker == ALL_QUEUES:
+            return self.vhost_blocked(vhost)
+        return self.is_blocked(vhost, blocker)
 
     def set_vhost_blocked(self, vhost: str, blocked: bool) -> None:
         """Block or free every producer of a vhost, independently of quota and admin stops."""
@@ -396,10 +397,6 @@ class Gateway(AdminViewsMixin, Hub):
         """Take the cluster's administrator stops as they are (no broadcast)."""
         if self.stops.replace(stops):
             self.wake(None)
-
-    def admin_stops(self) -> list[dict[str, str | None]]:
-        """Current administrator stops, oldest first."""
-        return self.stops.listing()
 
     def wake(self, vhost: str | None) -> None:
         """Blocking changed in ``vhost`` (None: every vhost): connections

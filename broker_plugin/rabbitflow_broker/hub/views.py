@@ -56,6 +56,10 @@ class AdminViewsMixin:
         """Administrator stops as (vhost, queue) pairs, oldest first."""
         return list(self.stops.keys)
 
+    def admin_stops(self) -> list[dict[str, str | None]]:
+        """Current administrator stops, oldest first."""
+        return self.stops.listing()
+
     def queue_on(self, key: QueueKey) -> bool:
         """Whether the queue is overfull (flow ON), as this hub knows it."""
         return key in self._stopped
