@@ -16,6 +16,17 @@ from tests.admin.conftest import FakeVhosts, Serve, seen_vhosts
 NO_MANAGEMENT = "http://127.0.0.1:9"
 
 
+@pytest.fixture
+def billing_unseen(
+    make_service: Callable[..., GatewayService], vhost_management: tuple[FakeVhosts, str]
+) -> tuple[FakeVhosts, GatewayService]:
+    """A service asking the fake management API, which has the vhost
+    "billing" the gateway's routing snapshot lacks; and that fake."""
+    fake, url = vhost_management
+    fake.vhosts.add("billing")
+    return fake, make_service(management_url=url)
+
+
 @pytest.mark.asyncio
 async def test_stop_producers_of_one_queue_blocks_that_queue(
     make_service: Callable[..., GatewayService], serve: Serve
@@ -87,14 +98,10 @@ async def test_stop_producers_of_a_vhost_rabbitmq_lacks_is_404_and_stores_nothin
 
 @pytest.mark.asyncio
 async def test_stop_producers_of_a_vhost_only_rabbitmq_has_seen_is_accepted(
-    make_service: Callable[..., GatewayService],
-    serve: Serve,
-    vhost_management: tuple[FakeVhosts, str],
+    serve: Serve, billing_unseen: tuple[FakeVhosts, GatewayService]
 ) -> None:
     """A vhost created since the gateway's last routing snapshot."""
-    fake, url = vhost_management
-    fake.vhosts.add("billing")
-    service = make_service(management_url=url)
+    _, service = billing_unseen
     async with serve(service) as client:
         response = await client.post("/api/producers/stop", json={"vhost": "billing"})
 
@@ -133,13 +140,9 @@ async def test_stop_producers_of_a_vhost_in_the_routing_snapshot_needs_no_manage
 
 @pytest.mark.asyncio
 async def test_start_producers_lifts_the_stop_of_a_vhost_deleted_since(
-    make_service: Callable[..., GatewayService],
-    serve: Serve,
-    vhost_management: tuple[FakeVhosts, str],
+    serve: Serve, billing_unseen: tuple[FakeVhosts, GatewayService]
 ) -> None:
-    fake, url = vhost_management
-    fake.vhosts.add("billing")
-    service = make_service(management_url=url)
+    fake, service = billing_unseen
     async with serve(service) as client:
         await client.post("/api/producers/stop", json={"vhost": "billing"})
         fake.vhosts.discard("billing")

@@ -26,6 +26,16 @@ def _grants(sent: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [m for m in sent if m["t"] == "grant"]
 
 
+def _claiming(record: EpochsRecord) -> tuple[Clock, ClusterNode, FakeBus, list[dict[str, Any]]]:
+    """A clock, and member "a" whose bus holds RabbitMQ's answers
+    (``hold=True``), handed the owner queue: it has asked ``record`` for the
+    last epoch and waits for the answer."""
+    clock = Clock()
+    node, _, sent = _sending("a", clock, record, hold=True)
+    node._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    return clock, node, _bus(node), sent
+
+
 def test_an_owner_whose_record_read_says_a_later_epoch_takes_one_above_it() -> None:
     # The members' heartbeats said epoch 4 (the last they heard of), but the
     # owner that died had taken 5 (its state never reached anyone): RabbitMQ's
@@ -48,12 +58,9 @@ def test_an_owner_whose_record_read_says_a_later_epoch_takes_one_above_it() -> N
 
 
 def test_an_owner_acts_only_once_rabbitmq_confirmed_its_epoch() -> None:
-    clock = Clock()
     record = EpochsRecord()
-    owner, _, sent = _sending("a", clock, record, hold=True)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)  # handed the owner queue
+    clock, owner, bus, sent = _claiming(record)  # handed the owner queue
     owner._dispatch(_request("b", clock), True)  # b asks meanwhile
-    bus = _bus(owner)
     bus.answer(1)  # the record is empty: a cluster that never had an owner
     assert record.epoch == 1  # recorded, not confirmed yet
     assert not owner.owner
@@ -66,11 +73,7 @@ def test_an_owner_acts_only_once_rabbitmq_confirmed_its_epoch() -> None:
 
 
 def test_a_claim_whose_bus_is_lost_never_owns_and_the_next_one_reads_again() -> None:
-    clock = Clock()
-    record = EpochsRecord(3)
-    node, _, sent = _sending("a", clock, record, hold=True)
-    node._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    bus = _bus(node)
+    _, node, bus, sent = _claiming(EpochsRecord(3))
     bus.answer(1)  # read 3: claims 4
     bus.lose()  # before the confirm: it never comes
     assert not node.owner
@@ -111,11 +114,8 @@ def test_an_owner_that_hears_a_higher_epoch_steps_down_and_claims_above_it() -> 
 
 
 def test_a_claim_that_hears_an_epoch_as_high_as_its_own_claims_again() -> None:
-    clock = Clock()
     record = EpochsRecord(2)
-    node, _, _ = _sending("a", clock, record, hold=True)
-    node._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    bus = _bus(node)
+    _, node, bus, _ = _claiming(record)
     bus.answer(1)  # read 2: claims 3
     # Another member owns with epoch 3 (its record landed before this one's).
     node._dispatch({"t": "state", "m": "z", "e": 3, "on": [], "stops": [], "d": []}, False)

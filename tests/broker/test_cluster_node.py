@@ -118,9 +118,7 @@ def test_a_member_that_only_heard_hellos_becomes_owner_above_their_epoch() -> No
 
 
 def test_the_first_owner_grants_at_once_and_a_later_one_waits_a_lease() -> None:
-    clock = Clock()
-    first, _, sent = _sending("a", clock)
-    first._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    clock, first, _, sent = _owned()
     assert first.epoch == 1
     first._dispatch(_request("c", clock), True)
     assert [m for m in sent if m["t"] == "grant"]
@@ -133,9 +131,7 @@ def test_the_first_owner_grants_at_once_and_a_later_one_waits_a_lease() -> None:
 
 
 def test_every_state_sets_the_stops_a_member_missed() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned("b")
     member, gateway, _ = _sending("b", clock)
     owner_gateway.stop_producers()
     member._dispatch(_last(owner_sent, "state", owner), False)
@@ -147,9 +143,7 @@ def test_every_state_sets_the_stops_a_member_missed() -> None:
 
 
 def test_a_change_the_owner_has_not_taken_stays_and_is_sent_again() -> None:
-    clock = Clock()
-    owner, _, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    clock, owner, _, owner_sent = _owned("b")
     member, gateway, sent = _sending("b", clock)
     gateway.stop_producers(vhost="/")
     stops = [m for m in sent if m["t"] == "stops"]
@@ -164,9 +158,7 @@ def test_a_change_the_owner_has_not_taken_stays_and_is_sent_again() -> None:
 
 
 def test_two_stops_made_at_once_on_two_members_both_hold() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned("b")
     nodes = [_sending(member, clock) for member in ("b", "c")]
     nodes[0][1].stop_producers(vhost="x")
     nodes[1][1].stop_producers(vhost="y")
@@ -187,13 +179,20 @@ def _last(sent: list[dict[str, Any]], kind: str, owner: ClusterNode) -> dict[str
     return [m for m in sent if m["t"] == kind][-1]
 
 
+def _owned(hello_from: str = "a") -> tuple[Clock, ClusterNode, Gateway, list[dict[str, Any]]]:
+    """A clock, and member "a" (as :func:`_sending` makes it) become the owner:
+    handed the owner queue with ``hello_from``'s hello."""
+    clock = Clock()
+    owner, gateway, sent = _sending("a", clock)
+    owner._dispatch({"t": "hello", "m": hello_from, "e": 0}, True)
+    return clock, owner, gateway, sent
+
+
 # -- runtime thresholds ride every state ------------------------------------------------
 
 
 def test_every_state_sets_the_runtime_thresholds_a_member_missed() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned("b")
     member, gateway, _ = _sending("b", clock)
     # Set on the owner while b was reconnecting its bus: its "thr" message is lost.
     owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 50, "flowResumeCount": 20})
@@ -207,9 +206,7 @@ def test_every_state_sets_the_runtime_thresholds_a_member_missed() -> None:
 
 
 def test_a_member_that_joins_later_learns_the_runtime_thresholds_from_a_state() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned()
     owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
     later, later_gateway, _ = _sending("c", clock)  # it never saw the "thr" message
     later._dispatch(_last(owner_sent, "state", owner), False)
@@ -217,9 +214,7 @@ def test_a_member_that_joins_later_learns_the_runtime_thresholds_from_a_state() 
 
 
 def test_a_threshold_change_the_owner_has_not_taken_stays_and_is_sent_again() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "b", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned("b")
     member, gateway, sent = _sending("b", clock)
     gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 30})
     assert len([m for m in sent if m["t"] == "thr"]) == 1
@@ -233,9 +228,7 @@ def test_a_threshold_change_the_owner_has_not_taken_stays_and_is_sent_again() ->
 
 
 def test_runtime_thresholds_that_went_with_their_queue_do_not_come_back() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned()
     owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
     deleted_through(owner_gateway, KEY)  # its runtime thresholds go with it
     owner_gateway.routing.declare_queue(*KEY, None)

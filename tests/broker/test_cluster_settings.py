@@ -8,15 +8,27 @@ Each node's wall clock (its changes' stamps) moves with the test's
 
 from __future__ import annotations
 
+from typing import Any
+
 from rabbitflow_broker.engine.cluster_settings import SharedStops, SharedThresholds
 from rabbitflow_broker.engine.flow import Thresholds
-from tests.broker.test_cluster_node import KEY, Clock, _last, _sending, deleted_through
+from rabbitflow_broker.hub.gateway import Gateway
+from rabbitflow_broker.server.cluster_node import ClusterNode
+from tests.broker.test_cluster_node import KEY, Clock, _last, _owned, _sending, deleted_through
 
 _ARGUMENTS = {"qpid.flow_stop_count": 10, "qpid.flow_resume_count": 5}
 
 
 def _stop(node_gateway: object) -> int:
     return node_gateway.flow(KEY).thresholds.stop_count  # type: ignore[attr-defined, no-any-return]
+
+
+def _owner_stopping_at_40() -> tuple[Clock, ClusterNode, Gateway, list[dict[str, Any]]]:
+    """A clock, and the owner "a" (:func:`_owned`) with runtime thresholds
+    for KEY set on it: stop count 40."""
+    clock, owner, gateway, sent = _owned()
+    gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    return clock, owner, gateway, sent
 
 
 # -- which change wins ----------------------------------------------------------------
@@ -37,9 +49,7 @@ def test_a_stamp_follows_the_wall_clock_and_is_above_every_stamp_seen() -> None:
 
 
 def test_a_change_on_a_member_that_merged_no_state_yet_wins_over_older_changes() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
+    clock, owner, owner_gateway, owner_sent = _owned()
     for stop in (40, 41, 42):  # three changes on the owner
         owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": stop})
     clock.now += 5.0
@@ -54,10 +64,7 @@ def test_a_change_on_a_member_that_merged_no_state_yet_wins_over_older_changes()
 def test_a_change_from_a_member_without_stamps_holds_on_every_member() -> None:
     # A member not upgraded yet sends its change without a stamp: the owner
     # stamps it as a change of its own, so its next state does not undo it.
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    clock, owner, owner_gateway, owner_sent = _owner_stopping_at_40()
     member, member_gateway, _ = _sending("b", clock)
     member._dispatch(_last(owner_sent, "state", owner), False)
     clock.now += 1.0
@@ -77,10 +84,7 @@ def test_a_change_from_a_member_without_stamps_holds_on_every_member() -> None:
 
 
 def test_a_queue_one_snapshot_missed_keeps_its_runtime_thresholds_on_every_member() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    clock, owner, owner_gateway, owner_sent = _owner_stopping_at_40()
     member, member_gateway, member_sent = _sending("b", clock)
     member._dispatch(_last(owner_sent, "state", owner), False)
     # b's reconciliation: a stopping node's snapshot misses the queue, the next lists it
@@ -96,10 +100,7 @@ def test_a_queue_one_snapshot_missed_keeps_its_runtime_thresholds_on_every_membe
 
 
 def test_runtime_thresholds_of_a_queue_gone_for_three_snapshots_go_on_every_member() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    clock, owner, owner_gateway, owner_sent = _owner_stopping_at_40()
     member, member_gateway, member_sent = _sending("b", clock)
     member._dispatch(_last(owner_sent, "state", owner), False)
     member_gateway.queue_deleted(*KEY)  # deleted at RabbitMQ: its snapshots miss it from now on
@@ -119,10 +120,7 @@ def test_runtime_thresholds_of_a_queue_gone_for_three_snapshots_go_on_every_memb
 
 
 def test_a_queue_deleted_through_one_member_takes_its_thresholds_from_every_member() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    clock, owner, owner_gateway, owner_sent = _owner_stopping_at_40()
     members = [_sending(member, clock) for member in ("b", "c")]
     for node, _, _ in members:
         node._dispatch(_last(owner_sent, "state", owner), False)
@@ -140,10 +138,7 @@ def test_a_queue_deleted_through_one_member_takes_its_thresholds_from_every_memb
 
 
 def test_a_member_without_its_first_snapshot_says_no_runtime_thresholds_are_gone() -> None:
-    clock = Clock()
-    owner, owner_gateway, owner_sent = _sending("a", clock)
-    owner._dispatch({"t": "hello", "m": "a", "e": 0}, True)
-    owner_gateway.set_runtime_thresholds(*KEY, {"flowStopCount": 40})
+    clock, owner, _, owner_sent = _owner_stopping_at_40()
     member, member_gateway, member_sent = _sending("b", clock)
     member_gateway.queue_deleted(*KEY)  # as if it never listed the queue
     member_gateway.ready_error = "gateway starting: waiting for the first routing snapshot"

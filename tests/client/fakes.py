@@ -402,3 +402,21 @@ def make_harness(
         _wait=wait,
     )
     return Harness(broker, clock, wait, sleeps, factory)
+
+
+def harness_session(
+    *,
+    queue: str | None = "orders",
+    start: bool = True,
+    transacted: bool = False,
+    acknowledge_mode: int = rabbitflow.AUTO_ACKNOWLEDGE,
+) -> tuple[Harness, rabbitflow.Connection, rabbitflow.Session]:
+    """A harness whose broker has ``queue`` (none if None), and a session on a
+    new connection of its factory, started before the session if ``start``."""
+    h = make_harness()
+    if queue is not None:
+        h.broker.queues[queue] = {}
+    connection = h.factory.create_connection()
+    if start:
+        connection.start()
+    return h, connection, connection.create_session(transacted, acknowledge_mode)

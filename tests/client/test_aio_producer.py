@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -36,6 +36,25 @@ async def _setup(
     )
     channel = broker.transports[-1].channels[-1]
     return broker, connection, session, producer, channel
+
+
+async def _session_to_lose(
+    broker: Broker, *, start: bool = False, acknowledge_mode: int = rabbitflow.AUTO_ACKNOWLEDGE
+) -> tuple[aio.Connection, aio.Session, Callable[[], Awaitable[None]]]:
+    """A session on a new connection to ``broker`` (started first if
+    ``start``), and a play that drops that connection and returns once
+    recovery reconnected."""
+    connection = await fake_factory(broker, FAST).create_connection()
+    if start:
+        connection.start()
+    session = connection.create_session(acknowledge_mode)
+    first = broker.transports[0]
+
+    async def lose_and_recover() -> None:
+        first.emit_lost()
+        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    return connection, session, lose_and_recover
 
 
 def _bodies(broker: Broker) -> list[bytes]:
@@ -460,14 +479,8 @@ async def test_a_producer_created_across_a_loss_and_its_recovery_uses_the_new_co
     # The connection drops, and recovery restores the session, after the
     # producer's channel opened and before the producer is registered.
     broker = Broker(queues={"orders"})
-    connection = await fake_factory(broker, FAST).create_connection()
-    session = connection.create_session()
+    _, session, lose_and_recover = await _session_to_lose(broker)
     queue = await session.create_queue("orders")
-
-    async def lose_and_recover() -> None:
-        broker.transports[0].emit_lost()
-        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
-
     broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
     producer = await session.create_producer(queue)
     await producer.send(session.create_text_message("after"))
@@ -507,15 +520,8 @@ async def test_a_consumer_created_across_a_loss_and_its_recovery_uses_the_new_co
     # The connection drops, and recovery restores the session, after the
     # consumer's channel opened and before the consumer is registered.
     broker = Broker(queues={"orders"})
-    connection = await fake_factory(broker, FAST).create_connection()
-    connection.start()
-    session = connection.create_session()
+    _, session, lose_and_recover = await _session_to_lose(broker, start=True)
     queue = await session.create_queue("orders")
-
-    async def lose_and_recover() -> None:
-        broker.transports[0].emit_lost()
-        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
-
     broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
     consumer = await session.create_consumer(queue)
     consuming = [c for c in broker.transports[1].channels if c.handler is consumer]
@@ -535,9 +541,7 @@ async def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_conn
     # A private subscription's queue is exclusive: it goes with the
     # connection it was declared on, so the consumer needs a new one.
     broker = Broker()
-    connection = await fake_factory(broker, FAST).create_connection()
-    connection.start()
-    session = connection.create_session()
+    connection, session, _ = await _session_to_lose(broker, start=True)
     topic = await session.create_topic("prices")
     first = broker.transports[0]
     bound_before_recovery: list[int] = []
@@ -564,16 +568,11 @@ async def test_a_recover_across_a_loss_and_its_recovery_consumes_on_the_new_conn
     # The restore gives the consumer a channel on the new connection first;
     # the recover's channel, opened on the dead one, must not replace it.
     broker = Broker(queues={"orders"})
-    connection = await fake_factory(broker, FAST).create_connection()
-    connection.start()
-    session = connection.create_session(rabbitflow.CLIENT_ACKNOWLEDGE)
+    _, session, lose_and_recover = await _session_to_lose(
+        broker, start=True, acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE
+    )
     consumer = await session.create_consumer(rabbitflow.Queue("orders"))
     first = broker.transports[0]
-
-    async def lose_and_recover() -> None:
-        first.emit_lost()
-        await _until(lambda: connection.reconnect_count == 1, "the reconnection")
-
     broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the recover's
     await session.recover()
     stale = first.channels[-1]

@@ -13,7 +13,7 @@ import pytest
 
 import rabbitflow
 
-from .fakes import make_harness
+from .fakes import harness_session, make_harness
 from .test_recovery import wait_for
 from .test_tx_recovery import _channel_of, _lose_and_recover, _transacted
 
@@ -50,11 +50,7 @@ def test_a_restart_never_puts_the_consumer_over_the_channel_a_restore_is_giving_
     # the consumer its channel on the new transport meanwhile.  The restart's
     # channel opened then is stale: the consumer ends with one channel, the
     # restore's left closed, and acknowledges on the one it consumes from.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session(acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE)
+    h, connection, session = harness_session(acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE)
     consumer = session.create_consumer(rabbitflow.Queue("orders"))
     first = h.transport
     paused, release = threading.Event(), threading.Event()
@@ -93,10 +89,7 @@ def test_a_private_subscription_declared_for_a_stale_channel_leaves_no_queue() -
     # queue is declared, so the queue is on the new transport while the
     # channel it got is on the lost one; the session opens another channel
     # and declares another queue: the first one must not stay behind.
-    h = make_harness()
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session()
+    h, connection, session = harness_session(queue=None)
     topic = session.create_topic("prices")
     admin = session._admin
     subscribe = admin.subscribe

@@ -8,7 +8,7 @@ import rabbitflow
 from rabbitflow._connection import reconnect_strategy
 from rabbitflow._properties import ClientConfig
 
-from .fakes import FakeChannel, Harness, make_harness
+from .fakes import FakeChannel, FakeTransport, Harness, harness_session, make_harness
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
@@ -20,6 +20,18 @@ def wait_for(predicate: Callable[[], bool], what: str) -> None:
             return
         event.wait(0.01)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _lose_then_recover(
+    first: FakeTransport, connection: rabbitflow.Connection
+) -> Callable[[], None]:
+    """A play that drops ``first`` and returns once ``connection`` reconnected."""
+
+    def lose_and_recover() -> None:
+        first.emit_lost()
+        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
+
+    return lose_and_recover
 
 
 def test_unconfirmed_messages_are_resent_after_reconnection() -> None:
@@ -218,10 +230,7 @@ def test_a_transaction_broken_by_a_reconnection_rolls_back_what_was_sent_after_i
     # m1 is sent, the connection drops and recovers, m2 goes into the new
     # channel's transaction; commit() reports the rollback.  The application
     # retries the whole transaction: the broker must get m1 and m2 once each.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session(transacted=True)
+    h, connection, session = harness_session(start=False, transacted=True)
     producer = session.create_producer(session.create_queue("orders"))
     producer.send(session.create_text_message("m1"))
     h.transport.emit_lost()
@@ -240,10 +249,7 @@ def test_a_producer_created_as_the_connection_is_unblocked_does_not_stay_blocked
 ) -> None:
     # connection.unblocked reaches the I/O thread between the producer's
     # registration (which saw the connection blocked) and its gate.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session()
+    h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
     h.transport.emit_blocked("memory alarm")
     book = connection._producers
@@ -264,18 +270,11 @@ def test_a_producer_created_across_a_loss_and_its_recovery_uses_the_new_connecti
     # The connection drops, and recovery restores the session, after the
     # producer's channel opened and before the producer is registered: the
     # loss could not detach it nor the restore re-open it.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session()
+    h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
     first = h.transport
-
-    def lose_and_recover() -> None:
-        first.emit_lost()
-        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
-
-    h.broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    # 1 is the session's admin channel
+    h.broker.after_channel_open[(0, 2)] = _lose_then_recover(first, connection)
     producer = session.create_producer(queue, capacity=2)
     producer.send(session.create_text_message("after"))
     second = h.broker.transports[1]
@@ -290,10 +289,7 @@ def test_a_producer_created_as_the_connection_is_lost_opens_its_channel_on_the_n
     # The loss comes after the producer's channel opened and before it is
     # registered, while recovery runs on its own thread: whichever wins, the
     # producer ends up with a channel on the new connection.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session()
+    h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
     first = h.transport
     h.broker.after_channel_open[(0, 2)] = first.emit_lost
@@ -352,19 +348,11 @@ def test_a_consumer_created_across_a_loss_and_its_recovery_uses_the_new_connecti
     # The connection drops, and recovery restores the session, after the
     # consumer's channel opened and before the consumer is registered: the
     # restore could not re-open it, so it would consume on the dead channel.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session()
+    h, connection, session = harness_session()
     queue = session.create_queue("orders")
     first = h.transport
-
-    def lose_and_recover() -> None:
-        first.emit_lost()
-        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
-
-    h.broker.after_channel_open[(0, 2)] = lose_and_recover  # 1 is the session's admin channel
+    # 1 is the session's admin channel
+    h.broker.after_channel_open[(0, 2)] = _lose_then_recover(first, connection)
     consumer = session.create_consumer(queue)
     consuming = [c for c in h.broker.transports[1].channels if c.handler is consumer]
     assert len(consuming) == 1
@@ -382,11 +370,7 @@ def test_a_consumer_created_as_the_connection_is_lost_opens_its_channel_on_the_n
     # The loss comes after the consumer's channel opened and before it is
     # registered, while recovery runs on its own thread: whichever wins, the
     # consumer ends up consuming on the new connection.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session()
+    h, connection, session = harness_session()
     queue = session.create_queue("orders")
     first = h.transport
     h.broker.after_channel_open[(0, 2)] = first.emit_lost
@@ -400,10 +384,7 @@ def test_a_consumer_created_as_the_connection_is_lost_opens_its_channel_on_the_n
 def test_a_topic_consumer_created_across_a_loss_subscribes_on_the_new_connection() -> None:
     # A private subscription's queue is exclusive: it goes with the
     # connection it was declared on, so the consumer needs a new one.
-    h = make_harness()
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session()
+    h, connection, session = harness_session(queue=None)
     topic = session.create_topic("prices")
     first = h.transport
     bound_before_recovery: list[int] = []
@@ -431,19 +412,15 @@ def _consumer_restarted_across_a_loss(
     """A consumer whose session's ``restart`` (recover() or rollback()) opens
     the consumer's new channel, and then the connection drops and recovery
     restores the session before the restart has attached that channel."""
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session(transacted, rabbitflow.CLIENT_ACKNOWLEDGE)
+    h, connection, session = harness_session(
+        transacted=transacted, acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE
+    )
     consumer = session.create_consumer(session.create_queue("orders"))
     first = h.transport
-
-    def lose_and_recover() -> None:
-        first.emit_lost()
-        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
-
-    h.broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover  # the restart's
+    # the restart's channel
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = _lose_then_recover(
+        first, connection
+    )
     restart(session)
     return h, session, consumer
 
@@ -488,11 +465,7 @@ def test_a_recover_as_the_connection_is_lost_consumes_on_the_new_connection() ->
     # The loss comes after the recover's channel opened, while recovery runs
     # on its own thread: whichever wins, the consumer ends up consuming on
     # the new connection, on one channel.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    connection.start()
-    session = connection.create_session(False, rabbitflow.CLIENT_ACKNOWLEDGE)
+    h, connection, session = harness_session(acknowledge_mode=rabbitflow.CLIENT_ACKNOWLEDGE)
     consumer = session.create_consumer(session.create_queue("orders"))
     first = h.transport
     h.broker.after_channel_open[(0, len(first.channels) + 1)] = first.emit_lost
