@@ -28,6 +28,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from rabbitflow_broker.server.rabbitmq_node import free_port
 from rabbitflow_pipeline.generate import generate
 from tests.pipeline.tables import assert_same_tables
 
@@ -39,15 +40,12 @@ ANALYZE = Path(sys.executable).parent / "rabbitflow-analyze"
 ROOT = Path(__file__).resolve().parents[2]
 #: Seconds a server may take to accept connections on a loaded machine.
 READY_S = 240.0
-#: JVM option: compile with the JIT's quick tier only (no C2).
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+#: JVM options: compile with the JIT's quick tier only (no C2), in a code
+#: cache of the default size. With the quick tier only, the JVM's code cache
+#: is 48 MiB instead of 240: the Connect server, which compiles every query of
+#: a batch run and three steps, once filled it, and the JVM's compiler stopped
+#: and the server exited ("Out of space in CodeCache for adapters").
+QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def spark_env(tmp: Path) -> dict[str, str]:
