@@ -131,6 +131,25 @@ class Peer:
             ]
 
 
+def _bus(server: asyncio.Server, **options: Any) -> ControlBus:
+    """A bus (not connected yet), member ``m1`` of cluster ``t``, to the
+    fake RabbitMQ ``server``; ``options``: its callbacks and settings (by
+    default it ignores what it hears and losing its connection)."""
+    callbacks: dict[str, Any] = {
+        "on_message": lambda message, to_owner: None,
+        "on_lost": lambda: None,
+    }
+    return ControlBus(
+        cluster="t",
+        member="m1",
+        nodes=[("127.0.0.1", server.sockets[0].getsockname()[1])],
+        user="guest",
+        password="guest",
+        lease=2.0,
+        **{**callbacks, **options},
+    )
+
+
 @pytest_asyncio.fixture
 async def peer() -> AsyncIterator[tuple[Peer, ControlBus]]:
     """A bus connected to a :class:`Peer`, member ``m1`` of cluster ``t``."""
@@ -143,16 +162,9 @@ async def peer() -> AsyncIterator[tuple[Peer, ControlBus]]:
         await accepted.put(Peer(reader, writer, received, records))
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    bus = ControlBus(
-        cluster="t",
-        member="m1",
-        nodes=[("127.0.0.1", port)],
-        user="guest",
-        password="guest",
-        lease=2.0,
+    bus = _bus(
+        server,
         on_message=lambda message, to_owner: received.put_nowait((message, to_owner)),
-        on_lost=lambda: None,
         on_record=lambda kind, value: records.put_nowait((kind, value)),
     )
     await bus.connect()
@@ -217,16 +229,7 @@ async def test_a_bus_that_hears_nothing_for_four_heartbeats_is_lost() -> None:
         await accepted.put(writer)
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    bus = ControlBus(
-        cluster="t",
-        member="m1",
-        nodes=[("127.0.0.1", server.sockets[0].getsockname()[1])],
-        user="guest",
-        password="guest",
-        lease=2.0,
-        on_message=lambda message, to_owner: None,
-        on_lost=lost.set,
-    )
+    bus = _bus(server, on_lost=lost.set)
     loop = asyncio.get_running_loop()
     await bus.connect()
     writer = await asyncio.wait_for(accepted.get(), 5)
@@ -325,25 +328,6 @@ async def _close(bus: ControlBus, server: asyncio.Server, ends: list[asyncio.Str
     await server.wait_closed()
 
 
-async def _bus_to(
-    port: int, lost: asyncio.Event, records: list[tuple[str, int | None]], **options: Any
-) -> ControlBus:
-    bus = ControlBus(
-        cluster="t",
-        member="m1",
-        nodes=[("127.0.0.1", port)],
-        user="guest",
-        password="guest",
-        lease=2.0,
-        on_message=lambda message, to_owner: None,
-        on_lost=lost.set,
-        on_record=lambda kind, value: records.append((kind, value)),
-        **options,
-    )
-    await bus.connect()
-    return bus
-
-
 @pytest.mark.asyncio
 async def test_a_record_read_without_an_answer_drops_the_bus() -> None:
     """No answer (the epochs queue has no leader: a node failing) is no
@@ -357,7 +341,13 @@ async def test_a_record_read_without_an_answer_drops_the_bus() -> None:
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     records: list[tuple[str, int | None]] = []
-    bus = await _bus_to(server.sockets[0].getsockname()[1], lost, records, record_timeout=0.3)
+    bus = _bus(
+        server,
+        on_lost=lost.set,
+        on_record=lambda kind, value: records.append((kind, value)),
+        record_timeout=0.3,
+    )
+    await bus.connect()
     try:
         assert bus.read_epochs()
         await asyncio.wait_for(lost.wait(), 5)
@@ -388,16 +378,7 @@ async def test_deliveries_before_the_owner_queues_consume_ok_are_handed_over() -
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     got: list[tuple[dict[str, Any], bool]] = []
-    bus = ControlBus(
-        cluster="t",
-        member="m1",
-        nodes=[("127.0.0.1", server.sockets[0].getsockname()[1])],
-        user="guest",
-        password="guest",
-        lease=2.0,
-        on_message=lambda message, to_owner: got.append((message, to_owner)),
-        on_lost=lambda: None,
-    )
+    bus = _bus(server, on_message=lambda message, to_owner: got.append((message, to_owner)))
     try:
         await bus.connect()
         assert bus.connected

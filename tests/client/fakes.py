@@ -420,3 +420,26 @@ def harness_session(
     if start:
         connection.start()
     return h, connection, connection.create_session(transacted, acknowledge_mode)
+
+
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    """Return once ``predicate()`` holds; fail after 5 s naming ``what``."""
+    event = threading.Event()
+    for _ in range(500):
+        if predicate():
+            return
+        event.wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def lose_and_recover(h: Harness, connection: rabbitflow.Connection) -> Callable[[], None]:
+    """A play that drops the connection's transport in use now and returns
+    once recovery restored it."""
+    lost = h.transport
+    count = connection.reconnect_count
+
+    def play() -> None:
+        lost.emit_lost()
+        wait_for(lambda: connection.reconnect_count == count + 1, "the reconnection")
+
+    return play

@@ -13,9 +13,8 @@ import pytest
 
 import rabbitflow
 
-from .fakes import harness_session, make_harness
-from .test_recovery import wait_for
-from .test_tx_recovery import _channel_of, _lose_and_recover, _transacted
+from .fakes import harness_session, lose_and_recover, make_harness, wait_for
+from .test_tx_recovery import _channel_of, _transacted
 
 
 class _LoseOnceUsable:
@@ -93,7 +92,7 @@ def test_a_private_subscription_declared_for_a_stale_channel_leaves_no_queue() -
     topic = session.create_topic("prices")
     admin = session._admin
     subscribe = admin.subscribe
-    lose = [_lose_and_recover(h, connection)]
+    lose = [lose_and_recover(h, connection)]
 
     def lose_then_subscribe(topic: rabbitflow.Topic, name: str) -> str:
         if lose:
@@ -140,7 +139,7 @@ def test_a_commit_a_loss_failed_leaves_the_retried_transaction_whole() -> None:
     connection, session, [producer] = _transacted(h)
     producer.send(session.create_text_message("m1"))
     channel = _channel_of(h, 0, producer)
-    h.broker.at_tx_commit[(0, channel.number)] = _lose_and_recover(h, connection)
+    h.broker.at_tx_commit[(0, channel.number)] = lose_and_recover(h, connection)
     with pytest.raises(rabbitflow.TransactionRolledBackError):
         session.commit()
     assert connection.reconnect_count == 1

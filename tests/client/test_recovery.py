@@ -8,30 +8,14 @@ import rabbitflow
 from rabbitflow._connection import reconnect_strategy
 from rabbitflow._properties import ClientConfig
 
-from .fakes import FakeChannel, FakeTransport, Harness, harness_session, make_harness
-
-
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    import threading
-
-    event = threading.Event()
-    for _ in range(500):
-        if predicate():
-            return
-        event.wait(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _lose_then_recover(
-    first: FakeTransport, connection: rabbitflow.Connection
-) -> Callable[[], None]:
-    """A play that drops ``first`` and returns once ``connection`` reconnected."""
-
-    def lose_and_recover() -> None:
-        first.emit_lost()
-        wait_for(lambda: connection.reconnect_count == 1, "the reconnection")
-
-    return lose_and_recover
+from .fakes import (
+    FakeChannel,
+    Harness,
+    harness_session,
+    lose_and_recover,
+    make_harness,
+    wait_for,
+)
 
 
 def test_unconfirmed_messages_are_resent_after_reconnection() -> None:
@@ -272,9 +256,8 @@ def test_a_producer_created_across_a_loss_and_its_recovery_uses_the_new_connecti
     # loss could not detach it nor the restore re-open it.
     h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
-    first = h.transport
     # 1 is the session's admin channel
-    h.broker.after_channel_open[(0, 2)] = _lose_then_recover(first, connection)
+    h.broker.after_channel_open[(0, 2)] = lose_and_recover(h, connection)
     producer = session.create_producer(queue, capacity=2)
     producer.send(session.create_text_message("after"))
     second = h.broker.transports[1]
@@ -352,7 +335,7 @@ def test_a_consumer_created_across_a_loss_and_its_recovery_uses_the_new_connecti
     queue = session.create_queue("orders")
     first = h.transport
     # 1 is the session's admin channel
-    h.broker.after_channel_open[(0, 2)] = _lose_then_recover(first, connection)
+    h.broker.after_channel_open[(0, 2)] = lose_and_recover(h, connection)
     consumer = session.create_consumer(queue)
     consuming = [c for c in h.broker.transports[1].channels if c.handler is consumer]
     assert len(consuming) == 1
@@ -418,9 +401,7 @@ def _consumer_restarted_across_a_loss(
     consumer = session.create_consumer(session.create_queue("orders"))
     first = h.transport
     # the restart's channel
-    h.broker.after_channel_open[(0, len(first.channels) + 1)] = _lose_then_recover(
-        first, connection
-    )
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover(h, connection)
     restart(session)
     return h, session, consumer
 

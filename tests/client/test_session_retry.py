@@ -9,21 +9,18 @@ import pytest
 import rabbitflow
 
 from .aio_fakes import Broker, fake_factory
-from .fakes import make_harness
+from .fakes import harness_session, lose_and_recover
 from .test_aio_producer import FAST, _until
-from .test_tx_recovery import _channel_of, _lose_and_recover
+from .test_tx_recovery import _channel_of
 
 
 def test_a_producer_channel_setup_a_loss_interrupts_runs_again_once_the_recovery_is_done() -> None:
     # The loss comes while the new producer's confirm.select is on its way,
     # and the recovery is done before that select fails: the producer gets
     # its channel on the new connection.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session()
+    h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
-    h.broker.at_select[(0, len(h.transport.channels) + 1)] = _lose_and_recover(h, connection)
+    h.broker.at_select[(0, len(h.transport.channels) + 1)] = lose_and_recover(h, connection)
     producer = session.create_producer(queue)
     assert connection.reconnect_count == 1
     live = _channel_of(h, 1, producer)
@@ -35,10 +32,7 @@ def test_a_producer_channel_setup_a_loss_interrupts_runs_again_once_the_recovery
 
 def test_an_operation_that_fails_on_the_connection_it_started_on_is_not_retried() -> None:
     # The select fails with no loss (its channel closed): the error is the caller's.
-    h = make_harness()
-    h.broker.queues["orders"] = {}
-    connection = h.factory.create_connection()
-    session = connection.create_session()
+    h, connection, session = harness_session(start=False)
     queue = session.create_queue("orders")
 
     def close_the_channel() -> None:

@@ -8,8 +8,7 @@ import rabbitflow
 from rabbitflow._producer_core import ProducerCounters
 from rabbitflow._session_tx import Transaction
 
-from .fakes import FakeChannel, Harness, make_harness
-from .test_recovery import wait_for
+from .fakes import FakeChannel, Harness, lose_and_recover, make_harness
 
 
 def _transacted(
@@ -21,18 +20,6 @@ def _transacted(
     session = connection.create_session(transacted=True)
     queue = session.create_queue("orders")
     return connection, session, [session.create_producer(queue) for _ in range(producers)]
-
-
-def _lose_and_recover(h: Harness, connection: rabbitflow.Connection) -> Callable[[], None]:
-    """Drop the connection in use and return once recovery restored it."""
-    lost = h.transport
-    count = connection.reconnect_count
-
-    def play() -> None:
-        lost.emit_lost()
-        wait_for(lambda: connection.reconnect_count == count + 1, "the reconnection")
-
-    return play
 
 
 def _channel_of(h: Harness, transport: int, handler: object) -> FakeChannel:
@@ -54,7 +41,7 @@ def test_a_rollback_across_a_loss_rolls_back_the_channels_the_recovery_gave() ->
     for producer in producers:
         producer.send(session.create_text_message("discarded"))
     dead = _channel_of(h, 0, producers[1])
-    h.broker.at_tx_rollback[(0, dead.number)] = _lose_and_recover(h, connection)
+    h.broker.at_tx_rollback[(0, dead.number)] = lose_and_recover(h, connection)
     session.rollback()
     assert ("tx_rollback",) not in dead.calls  # it never reached the broker
     for producer in producers:
@@ -73,7 +60,7 @@ def test_a_rollback_across_a_loss_leaves_a_clean_transaction_behind() -> None:
     connection, session, [producer] = _transacted(h)
     consumer = session.create_consumer(rabbitflow.Queue("orders"))
     first = h.transport
-    h.broker.after_channel_open[(0, len(first.channels) + 1)] = _lose_and_recover(h, connection)
+    h.broker.after_channel_open[(0, len(first.channels) + 1)] = lose_and_recover(h, connection)
     session.rollback()
     assert connection.reconnect_count == 1
     producer.send(session.create_text_message("after"))
@@ -110,7 +97,7 @@ def test_a_message_sent_during_a_rollback_and_lost_with_the_connection_fails_the
     h = make_harness()
     connection, session, [producer] = _transacted(h)
     session.create_consumer(rabbitflow.Queue("orders"))
-    lose = _lose_and_recover(h, connection)
+    lose = lose_and_recover(h, connection)
 
     def send_then_lose() -> None:
         producer.send(session.create_text_message("m1"))

@@ -8,8 +8,8 @@ import pytest
 
 import rabbitflow
 
-from .fakes import Harness, make_harness
-from .test_tx_recovery import _lose_and_recover, _transacted
+from .fakes import Harness, lose_and_recover, make_harness
+from .test_tx_recovery import _transacted
 
 
 def _held_by_the_blocked_connection(h: Harness) -> Callable[[], None]:
@@ -65,7 +65,7 @@ def test_a_commit_a_loss_broke_drops_what_the_producer_has_not_published() -> No
     connection, session, [producer] = _transacted(h)
     h.broker.block_at_connect.add(1)
     _send_unpublished(h, session, producer, _held_by_the_blocked_connection)
-    _lose_and_recover(h, connection)()
+    lose_and_recover(h, connection)()
     with pytest.raises(rabbitflow.TransactionRolledBackError):
         session.commit()
     h.transport.emit_unblocked()
