@@ -11,29 +11,42 @@ from typing import Protocol, TypeVar
 from ._exceptions import ConnectionLostError
 from ._transport_channel import TransportChannel
 
-__all__ = ["ATTEMPTS", "LinkView", "SessionRetry"]
+__all__ = ["ATTEMPTS", "LinkView", "SessionRetry", "lost_since"]
 
 R = TypeVar("R")
 
 ATTEMPTS = 5  # of an operation that a connection loss interrupts
 
 
-class LinkView(Protocol):
-    """What of its connection's link a session's retries look at (its
-    ``SessionContext``)."""
+class _Link(Protocol):
+    """What of its connection's link tells whether a loss came (a sync or an
+    asyncio session's ``SessionContext``)."""
 
     @property
     def recovering_or_lost(self) -> Callable[[], bool]:
         """Recovery runs, or the transport in use is lost (and the link not told yet)."""
 
     @property
+    def holds(self) -> Callable[[int], bool]:
+        """A channel opened on that transport is still on the one in use, and open."""
+
+
+class LinkView(_Link, Protocol):
+    """What of its connection's link a sync session's retries look at (its
+    ``SessionContext``)."""
+
+    @property
     def usable_transport(self) -> Callable[[], int]:
         """Return when the connection is open (wait while it recovers): the
         generation of the transport in use then, read with that check."""
 
-    @property
-    def holds(self) -> Callable[[int], bool]:
-        """A channel opened on that transport is still on the one in use, and open."""
+
+def lost_since(link: _Link, started_on: int) -> bool:
+    """True when the connection was lost since an attempt started on
+    transport ``started_on`` (its generation), or is being lost.  Asked of
+    that transport, not of the link now: by the time an attempt's error is
+    seen, the recovery may be over and the link open again."""
+    return not link.holds(started_on) or link.recovering_or_lost()
 
 
 class SessionRetry:
@@ -50,10 +63,8 @@ class SessionRetry:
         self._lock = lock  # the session's: a recovery's restore takes it
 
     def lost_since(self, started_on: int) -> bool:
-        """True when the connection was lost since an attempt started on
-        transport ``started_on`` (its generation), or is being lost."""
-        link = self._link
-        return not link.holds(started_on) or link.recovering_or_lost()
+        """See :func:`lost_since`."""
+        return lost_since(self._link, started_on)
 
     def usable_transport(self) -> int:
         """Return when the connection is open: the generation of the transport

@@ -29,6 +29,7 @@ from .._session_core import (
     MessageFactory,
     check_acknowledge_mode,
 )
+from .._session_retry import ATTEMPTS, lost_since
 from .._transport_base import ChannelHandler
 from ._consumer import ConsumerContext, MessageConsumer, open_consumer
 from ._producer import MessageProducer, ProducerContext, open_producer
@@ -40,7 +41,6 @@ __all__ = ["ConnectionControl", "Session", "SessionContext", "open_session"]
 
 R = TypeVar("R")
 _MODES = {AUTO_ACKNOWLEDGE, CLIENT_ACKNOWLEDGE, DUPS_OK_ACKNOWLEDGE}
-_ATTEMPTS = 5  # of an operation that a connection loss interrupts
 
 
 class ConnectionControl(Protocol):
@@ -115,8 +115,7 @@ class Session(MessageFactory):
         """Run a broker operation, riding out a connection recovery.
 
         Whether an error came from a loss is asked of the transport the
-        attempt started on: by the time the error is seen the recovery may
-        be over, the link open again.
+        attempt started on (:func:`~rabbitflow._session_retry.lost_since`).
 
         Raises:
             ConnectionLostError: recovery gave up, or the connection kept failing.
@@ -124,13 +123,13 @@ class Session(MessageFactory):
             JMSException: the broker refused.
         """
         context = self._context
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             await context.wait_usable()
             started_on = context.transport_in_use()
             try:
                 return await fn()
             except ConnectionLostError:
-                if context.holds(started_on) and not context.recovering_or_lost():
+                if not lost_since(context, started_on):
                     raise
         raise ConnectionLostError("connection kept failing during the operation")
 
@@ -160,7 +159,7 @@ class Session(MessageFactory):
             opened_on = context.transport_in_use()
             return opened_on, await open_channel()
 
-        for _ in range(_ATTEMPTS):
+        for _ in range(ATTEMPTS):
             opened_on, channel = await self._rpc(opened)
             if take_in(opened_on, channel):
                 return
