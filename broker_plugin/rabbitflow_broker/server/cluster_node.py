@@ -430,7 +430,12 @@ class ClusterNode:
 
     def _claim(self) -> None:
         """Handed the owner queue: read the epochs record (see EpochClaim)."""
-        if self.claim.start() and not self.bus.read_epochs():
+        if self.claim.start():
+            self._read_record()
+
+    def _read_record(self) -> None:
+        """Ask for the epochs record; with the bus down, the claim goes with it."""
+        if not self.bus.read_epochs():
             self.claim.drop()
 
     def _record_answered(self, kind: str, epoch: int | None) -> None:
@@ -443,8 +448,7 @@ class ClusterNode:
             return
         holds = None if epoch is None else self.claim.recorded(epoch, self.heard_epoch())
         if holds is False:  # an epoch as high was heard meanwhile: claim above it
-            if not self.bus.read_epochs():
-                self.claim.drop()
+            self._read_record()
         elif holds and epoch is not None:
             backlog = self.claim.take()
             self._become_owner(epoch)
