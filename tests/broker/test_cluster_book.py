@@ -17,6 +17,7 @@ from rabbitflow_broker.engine.cluster_book import (
     HELD,
     REPORT_EVERY_S,
     MemberBook,
+    Missing,
     OwnerBook,
 )
 from rabbitflow_broker.engine.depth import QueueDepth
@@ -355,3 +356,24 @@ def test_a_member_book_forgets_a_queue_only_when_nothing_is_in_hand() -> None:
     book.requests(now=3.0)  # the grant is over: reported and dropped
     assert book.forget_idle(KEY, now=3.0)
     assert KEY not in book.queues
+
+
+def test_a_queue_is_overdue_once_unknown_for_the_whole_time_and_starts_over_when_seen() -> None:
+    known: set[tuple[str, str]] = set()
+    missing = Missing(after=3.0)
+    a, b = ("/", "a"), ("/", "b")
+
+    def overdue(now: float, *keys: tuple[str, str]) -> list[tuple[str, str]]:
+        return sorted(missing.overdue(keys, lambda v, q: (v, q) in known, now))
+
+    assert overdue(0.0, a, b) == []
+    assert overdue(2.9, a, b) == []
+    known.add(b)  # a snapshot lists b again: its absence starts over
+    assert overdue(3.0, a, b) == [a]
+    known.clear()  # b unknown again from 5.9
+    assert overdue(5.9, a, b) == [a]  # still due until dealt with
+    missing.forget(a)
+    assert overdue(6.0, a, b) == []  # a counts from 6.0
+    assert overdue(6.0, b) == []  # a no longer of interest: dropped
+    assert overdue(8.9, a, b) == [b]  # so a counts from 8.9
+    assert overdue(11.9, a, b) == [a, b]

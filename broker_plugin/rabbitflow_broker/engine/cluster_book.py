@@ -21,7 +21,7 @@ reported use as a publish) and the members it heard from.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -41,6 +41,7 @@ __all__ = [
     "FREE_FOR_S",
     "GoneQueues",
     "MemberBook",
+    "Missing",
     "OwnerBook",
     "QueueKey",
 ]
@@ -459,6 +460,42 @@ class OwnerBook:
 
 
 @dataclass(slots=True)
+class Missing:
+    """Since when each queue of interest has been unknown to the hub: what
+    tells a queue gone for sure (unknown for ``after`` seconds: several
+    management snapshots in a row, as one may miss a queue for a moment)
+    from one a snapshot missed."""
+
+    after: float
+    #: Queues of interest the hub does not know, since when.
+    since: dict[QueueKey, float] = field(default_factory=dict)
+
+    def overdue(
+        self, keys: Iterable[QueueKey], known: Callable[[str, str], bool], now: float
+    ) -> list[QueueKey]:
+        """Of ``keys`` (the queues of interest now), those the hub has not
+        known (``known``: by vhost and name) for ``after`` seconds; a queue
+        known again, or no longer of interest, starts over."""
+        wanted = set(keys)
+        due: list[QueueKey] = []
+        for key in wanted:
+            if known(*key):
+                self.since.pop(key, None)
+            elif now - self.since.setdefault(key, now) >= self.after:
+                due.append(key)
+        for key in [key for key in self.since if key not in wanted]:
+            del self.since[key]
+        return due
+
+    def forget(self, key: QueueKey) -> None:
+        """The queue was dealt with: a later absence counts from the start."""
+        self.since.pop(key, None)
+
+    def clear(self) -> None:
+        self.since.clear()
+
+
+@dataclass(slots=True)
 class GoneQueues:
     """Frees the books of queues that are gone: a member's allowance entry
     and an owner's grant ledger of a queue its hub has not known for
@@ -474,7 +511,10 @@ class GoneQueues:
     every: float = 1.0
     swept: float = float("-inf")
     #: Queues in the books the hub does not know, since when.
-    unknown: dict[QueueKey, float] = field(default_factory=dict)
+    missing: Missing = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.missing = Missing(self.after)
 
     def sweep(
         self,
@@ -492,16 +532,9 @@ class GoneQueues:
         if owner is not None:
             keys.update(owner.ledgers)
         freed: list[QueueKey] = []
-        for key in keys:
-            if known(*key):
-                self.unknown.pop(key, None)
-                continue
-            if now - self.unknown.setdefault(key, now) < self.after:
-                continue
+        for key in self.missing.overdue(keys, known, now):
             member_freed = book.forget_idle(key, now)
             if (owner is None or owner.forget(key)) and member_freed:
-                del self.unknown[key]
+                self.missing.forget(key)
                 freed.append(key)
-        for key in [key for key in self.unknown if key not in keys]:
-            del self.unknown[key]
         return freed

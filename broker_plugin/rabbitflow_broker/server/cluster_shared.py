@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from rabbitflow_broker.engine.cluster_book import MemberBook, QueueKey
+from rabbitflow_broker.engine.cluster_book import MemberBook, Missing, QueueKey
 from rabbitflow_broker.engine.cluster_settings import SharedStops, SharedThresholds
 from rabbitflow_broker.engine.cluster_wire import read_thresholds, thresholds_message
 from rabbitflow_broker.engine.flow import Thresholds
@@ -61,12 +61,11 @@ class SharedSettings:
         self.member = member
         self.gateway = gateway
         self.book = book
-        self.gone_after = gone_after
         self.wall = wall
         self.stops = SharedStops(member)
         self.thresholds = SharedThresholds(member)
         #: Queues with runtime thresholds in force that the hub does not know, since when.
-        self.unknown: dict[QueueKey, float] = {}
+        self.missing = Missing(gone_after)
 
     def _now(self) -> int:
         return int(self.wall() * 1000)
@@ -86,34 +85,29 @@ class SharedSettings:
     def queue_deleted(self, key: QueueKey) -> list[Message]:
         """A client's ``queue.delete`` went through this member (RabbitMQ
         confirmed it): the queue's runtime thresholds go on every member."""
-        self.unknown.pop(key, None)
+        self.missing.forget(key)
         if self.thresholds.get(key) is None:
             return []
         return [self._gone(key)]
 
     def sweep(self, now: float) -> list[Message]:
         """Hold the hub to the thresholds in force (``now``: monotonic
-        seconds): those of a queue it has not known for :attr:`gone_after`
+        seconds): those of a queue it has not known for ``gone_after`` seconds
         are stamped gone (the messages saying so); those it holds otherwise
         (a snapshot missed the queue for a moment, a store older than the
         cluster's change) are set again."""
         gateway = self.gateway
         if gateway.ready_error is not None:  # no snapshot yet: it knows no queue
-            self.unknown.clear()
+            self.missing.clear()
             return []
-        gone: list[Message] = []
         in_force = self.thresholds.in_force()
+        gone: list[Message] = []
+        for key in self.missing.overdue(in_force, gateway.knows_queue, now):
+            self.missing.forget(key)
+            gone.append(self._gone(key))
         for key, thresholds in in_force.items():
-            if not gateway.knows_queue(*key):
-                if now - self.unknown.setdefault(key, now) >= self.gone_after:
-                    del self.unknown[key]
-                    gone.append(self._gone(key))
-                continue
-            self.unknown.pop(key, None)
-            if gateway.runtime_thresholds(*key) != thresholds:
+            if gateway.knows_queue(*key) and gateway.runtime_thresholds(*key) != thresholds:
                 self._apply({key: thresholds})
-        for key in [key for key in self.unknown if key not in in_force]:
-            del self.unknown[key]
         return gone
 
     def state_fields(self) -> Message:
