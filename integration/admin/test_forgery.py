@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Callable
+from pathlib import Path
 
-from integration.broker.conftest import RunningGateway
+import pytest
+
+from integration.broker.conftest import RunningGateway, with_own_store
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., RunningGateway], tmp_path: Path) -> RunningGateway:
+    """These tests assert on every stop the gateway holds (see with_own_store)."""
+    return with_own_store(gateway_factory, tmp_path)
 
 
 def _raw(gateway: RunningGateway, method: str, path: str, headers: dict[str, str]) -> int:

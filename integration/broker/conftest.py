@@ -208,3 +208,12 @@ def gateway_factory(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., Ru
 @pytest.fixture
 def gateway(gateway_factory: Callable[..., RunningGateway]) -> RunningGateway:
     return gateway_factory()
+
+
+def with_own_store(make: Callable[..., RunningGateway], directory: Path) -> RunningGateway:
+    """A gateway that keeps its runtime thresholds and administrator stops in
+    a file of its own, for tests that assert on every stop a gateway holds.
+    The default store, RabbitMQ's global parameters, is shared with the tests
+    running beside them: a gateway that starts while another test's stop is
+    stored there restores it."""
+    return make(state_file=str(directory / "state.json"))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
+from integration.broker.conftest import with_own_store
 from integration.broker_ops._clients import SdkProducer
 from integration.broker_ops.conftest import RunningGateway, wait_for
 from rabbitflow_broker.cli.config_cli import main as config_cli
@@ -18,6 +20,12 @@ from rabbitflow_broker.events import ALL_QUEUES
 CAPACITY = 20
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., RunningGateway], tmp_path: Path) -> RunningGateway:
+    """These tests assert on every stop the gateway holds (see with_own_store)."""
+    return with_own_store(gateway_factory, tmp_path)
 
 
 def _cli(gateway: RunningGateway, *args: str) -> None:
